@@ -1,0 +1,1 @@
+"""Backends: MeshImpl subclasses that execute slicewise computation and collectives."""

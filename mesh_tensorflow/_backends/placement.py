@@ -1,0 +1,216 @@
+"""PlacementMeshImpl: one TF tensor per processor, each placed with tf.device.
+
+Works with any device strings: "" (no placement), "cpu:N", "gpu:N", or
+"/job:worker/task:K/device:CPU:0" in a TF cluster; in graph mode and in eager mode.
+"""
+
+from __future__ import annotations
+
+import random
+
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow._backends import ring_collectives
+from mesh_tensorflow._core.layout import processor_groups
+from mesh_tensorflow._lowering.lazy import convert_args_to_laid_out_tensors
+from mesh_tensorflow._lowering.mesh_impl import MeshImpl
+from mesh_tensorflow._lowering.tf_helpers import parallel, transpose_list_of_lists
+
+
+class PlacementMeshImpl(MeshImpl):
+  """Mesh implementation for CPU/GPU device lists (one slice per device)."""
+
+  def __init__(self, shape, layout, devices):
+    super().__init__(shape, layout)
+    devices = list(devices)
+    if len(devices) != self.size:
+      raise ValueError(
+          f"PlacementMeshImpl: mesh {self.shape} has {self.size} processors but {len(devices)} "
+          f"devices were given ({devices}); pass exactly one device string per processor.")
+    self._devices = devices
+    self.copy_master_to_slice_ops = []
+
+  class LaidOutTensor:
+    """One tf.Tensor per processor, in pnum order."""
+
+    def __init__(self, tensor_list):
+      self._tensor_list = list(tensor_list)
+
+    def __repr__(self):
+      return "[" + ",".join(str(t) for t in self._tensor_list) + "]"
+
+    @property
+    def tensor_list(self):
+      return self._tensor_list
+
+    @property
+    def all_slices(self):
+      return self._tensor_list
+
+    @property
+    def slice_shape(self):
+      return self._tensor_list[0].shape.as_list()
+
+    def to_laid_out_tensor(self):
+      return self
+
+    @classmethod
+    def from_tensor_list(cls, tensor_list):
+      return cls(tensor_list)
+
+  class LaidOutVariable:
+    """A master variable plus one slice variable per processor (not checkpointed)."""
+
+    def __init__(self, variable, mesh_impl):
+      self._variable = variable
+      self._mesh_impl = mesh_impl
+      shape = variable.outputs[0].shape
+      slice_shape = mesh_impl.slice_shape(shape)
+      base_name = variable.name
+      master_device = getattr(variable, "master_device", None) or ""
+      self._slice_is_master = (
+          mesh_impl.size == 1
+          and variable.master_dtype == variable.slice_dtype
+          and not getattr(variable, "is_stacked", False)
+          and mesh_impl.devices[0] in ("", master_device))
+      if self._slice_is_master:
+        self._slices = [variable.get_master()]
+        self._copy_master_to_slices = tf.group([])
+        self._copy_slices_to_master = tf.group([])
+      else:
+        slices = []
+        for pnum, device in enumerate(mesh_impl.devices):
+          with tf.device(device):
+            slices.append(tf.get_variable(
+                base_name + "_slice_%d" % pnum, slice_shape, dtype=variable.slice_dtype,
+                collections=[], initializer=tf.zeros_initializer()))
+        self._slices = slices
+        self._copy_master_to_slices = self._generate_copy_master_to_slices_op(
+            variable.get_master(), shape, slices, slice_shape)
+        self._copy_slices_to_master = variable.assign_to_master(
+            mesh_impl.combine_slices(
+                [tf.cast(s, variable.master_dtype) for s in slices], shape,
+                device=master_device))
+      self._laid_out_tensor = mesh_impl.LaidOutTensor(self._slices)
+
+    def _generate_copy_master_to_slices_op(self, master_variable, master_shape, slices, slice_shape):
+      mesh_impl = self._mesh_impl
+      master_layout = mesh_impl.tensor_layout(master_shape)
+      if master_layout.is_fully_replicated:
+        values = [master_variable] * mesh_impl.size
+      else:
+        values = mesh_impl.make_slices(master_variable, master_shape)
+      assign_ops = []
+      for pnum, (slice_var, value) in enumerate(zip(slices, values)):
+        with tf.device(mesh_impl.devices[pnum]):
+          assign_ops.append(tf.assign(slice_var, tf.cast(value, self._variable.slice_dtype)))
+      op = tf.group(assign_ops)
+      mesh_impl.copy_master_to_slice_ops.append(op)
+      return op
+
+    def assign_to_slices(self, assign_fn, values):
+      return tf.group(parallel(self._mesh_impl.devices, assign_fn,
+                               [self._variable] * len(self._slices), self._slices, values))
+
+    @property
+    def laid_out_tensor(self):
+      return self._laid_out_tensor
+
+    @property
+    def copy_master_to_slices(self):
+      return self._copy_master_to_slices
+
+    @property
+    def copy_slices_to_master(self):
+      return self._copy_slices_to_master
+
+    @property
+    def slice_is_master(self):
+      return self._slice_is_master
+
+  @property
+  def devices(self):
+    return self._devices
+
+  def slicewise(self, fn, *inputs):
+    """Applies fn per processor; non-laid-out arguments are given to every processor."""
+    inputs = convert_args_to_laid_out_tensors(inputs)
+    inputs = [x.tensor_list if isinstance(x, self.LaidOutTensor) else [x] * self.size
+              for x in inputs]
+    ret = parallel(self._devices, fn, *inputs)
+    if isinstance(ret[0], tuple):
+      return tuple(self.LaidOutTensor(list(t)) for t in transpose_list_of_lists(ret))
+    return self.LaidOutTensor(ret)
+
+  def Print(self, x, data, message, **kwargs):  # pylint: disable=invalid-name
+    tf.logging.info("PlacementMeshImpl::Print")
+    x = x.to_laid_out_tensor()
+    new_slices = x.tensor_list[:]
+    with tf.device(self._devices[0]):
+      new_slices[0] = tf.Print(new_slices[0], [t for d in data for t in d.tensor_list],
+                               message, **kwargs)
+    return self.LaidOutTensor(new_slices)
+
+  def _collective_with_groups(self, x, mesh_axes, collective):
+    """Applies collective(tensor_list, devices) within each group of processors along mesh_axes."""
+    if not mesh_axes:
+      return x
+    x = x.to_laid_out_tensor()
+    if len(mesh_axes) == self.ndims:
+      return self.LaidOutTensor(collective(x.tensor_list, self._devices))
+    groups = processor_groups(self.shape, mesh_axes)
+    ret = [None] * self.size
+    for group in groups:
+      inputs = [x.tensor_list[pnum] for pnum in group]
+      devices = [self._devices[pnum] for pnum in group]
+      for pnum, y in zip(group, collective(inputs, devices)):
+        ret[pnum] = y
+    return self.LaidOutTensor(ret)
+
+  def allreduce(self, x, mesh_axes, reduction_fn_string):
+    return self._collective_with_groups(
+        x, mesh_axes,
+        lambda xs, devices: ring_collectives.allreduce_ring(xs, devices, reduction_fn_string))
+
+  def allconcat(self, x, mesh_axis, concat_axis):
+    return self._collective_with_groups(
+        x, [mesh_axis],
+        lambda xs, devices: ring_collectives.allconcat_ring(xs, devices, concat_axis))
+
+  def alltoall(self, x, mesh_axis, split_axis, concat_axis):
+    return self._collective_with_groups(
+        x, [mesh_axis],
+        lambda xs, devices: ring_collectives.alltoall_ring(xs, devices, split_axis, concat_axis))
+
+  def receive(self, x, mesh_axis, source_pcoord):
+    x = x.to_laid_out_tensor()
+    shape = x.tensor_list[0].shape
+    dtype = x.tensor_list[0].dtype
+
+    def _collective(xs, devices):
+      ret = []
+      for device, source in zip(devices, source_pcoord):
+        with tf.device(device):
+          ret.append(tf.zeros(shape, dtype) if source is None else tf.identity(xs[source]))
+      return ret
+    return self._collective_with_groups(x, [mesh_axis], _collective)
+
+  def laid_out_pnum(self):
+    return self.LaidOutTensor(list(range(self.size)))
+
+  def random(self, shape, tf_fn, kwargs):
+    """Per-slice random values, seeded so that processors holding the same slice agree."""
+    slice_shape = self.slice_shape(shape)
+    op_seed = random.random()
+
+    def my_fn(pnum):
+      seed = hash("%s,%s" % (op_seed, self.slice_begin(shape, pnum))) % (2 ** 31)
+      return tf_fn(slice_shape, seed=seed, **kwargs)
+    return self.slicewise(my_fn, self.laid_out_pnum())
+
+  def export_to_tf_tensor(self, x, laid_out_x):
+    return self.combine_slices(laid_out_x.all_slices, x.shape)
+
+  def import_tf_tensor(self, x, tf_x):
+    return self.LaidOutTensor(self.make_slices(tf_x, x.shape))
+

@@ -1,0 +1,1 @@
+"""Pure-Python core: names, shapes, layouts, the lazy graph. No devices here."""

@@ -1,0 +1,183 @@
+"""Named dimensions and shapes: the vocabulary every other module speaks."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import operator
+from typing import Iterable, Optional, Union
+
+from mesh_tensorflow._core.parsing import _parse_string_to_list_of_pairs
+
+Dimension = collections.namedtuple("Dimension", ["name", "size"])
+Dimension.__doc__ = "A named tensor dimension, e.g. Dimension('batch', 8). Equality compares name and size."
+
+
+def convert_to_dimension(d) -> Optional[Dimension]:
+  """Converts a Dimension or a (name, size) pair to a Dimension; None stays None."""
+  if d is None:
+    return None
+  if isinstance(d, Dimension):
+    if not isinstance(d.name, str) or not isinstance(d.size, int):
+      raise ValueError(f"Bad dimension {d!r}: name must be a str and size an int.")
+    return d
+  name, size = d  # a non-iterable raises TypeError, as the spec requires
+  if isinstance(name, str) and isinstance(size, int):
+    return Dimension(name, size)
+  raise ValueError(f"Bad dimension {d!r}: expected (name: str, size: int).")
+
+
+def list_product(l: Iterable[int]) -> int:
+  return functools.reduce(operator.mul, l, 1)
+
+
+class Shape:
+  """An ordered list of Dimensions with distinct names, e.g. Shape[batch=8, d_model=512]."""
+
+  def __init__(self, dims: Iterable = ()):
+    self._dims = [convert_to_dimension(d) for d in tuple(dims)]
+    names = [d.name for d in self._dims]
+    if len(set(self._dims)) != len(self._dims) or len(set(names)) != len(names):
+      repeated = sorted({n for n in names if names.count(n) > 1})
+      raise ValueError(
+          f"Shape {self._dims} repeats dimension name(s) {repeated}; each dimension of a "
+          f"tensor needs its own name (rename one, e.g. with mtf.rename_dimension).")
+
+  @property
+  def dims(self) -> list:
+    return list(self._dims)
+
+  @property
+  def ndims(self) -> int:
+    return len(self._dims)
+
+  def __repr__(self):
+    return self.to_string
+
+  def __str__(self):
+    return self.to_string
+
+  def __eq__(self, other):
+    return isinstance(other, Shape) and self.dims == other.dims
+
+  def __ne__(self, other):
+    return not self.__eq__(other)
+
+  def __hash__(self):
+    return hash(tuple(self._dims))
+
+  def __len__(self):
+    return len(self._dims)
+
+  def __getitem__(self, key):
+    return self._dims[key]
+
+  def __iter__(self):
+    return iter(self._dims)
+
+  def __add__(self, other):
+    if isinstance(other, Shape):
+      other = other.dims
+    if isinstance(other, Dimension):
+      other = [other]
+    return Shape(self.dims + list(other))
+
+  def __sub__(self, other):
+    if other is None:
+      return self
+    if isinstance(other, Shape):
+      other = other.dims
+    if isinstance(other, Dimension):
+      if other not in self._dims:
+        raise ValueError(f"Subtracting {other} from {self}: that dimension is not in the shape.")
+      other = [other]
+    return Shape([d for d in self._dims if d not in other])
+
+  @property
+  def to_integer_list(self) -> list:
+    return [d.size for d in self._dims]
+
+  @property
+  def size(self) -> int:
+    return list_product(self.to_integer_list)
+
+  @property
+  def to_string(self) -> str:
+    return "Shape[%s]" % ", ".join(f"{d.name}={d.size}" for d in self._dims)
+
+  @property
+  def cumprod(self) -> list:
+    """Exclusive cumulative product of sizes, e.g. [1, 8, 4096] for [8, 512, ...]."""
+    ret, acc = [], 1
+    for d in self._dims:
+      ret.append(acc)
+      acc *= d.size
+    return ret
+
+  def cumprod_to_tensor_axis(self, cumprod: int) -> Optional[int]:
+    """The largest tensor axis whose exclusive cumprod equals `cumprod`, else None."""
+    matches = [i for i, c in enumerate(self.cumprod) if c == cumprod]
+    return matches[-1] if matches else None
+
+  @property
+  def dimension_names(self) -> list:
+    return [d.name for d in self._dims]
+
+  def _index_of(self, name: str) -> int:
+    for i, d in enumerate(self._dims):
+      if d.name == name:
+        return i
+    raise ValueError(f"No dimension named {name!r} in {self}; available: {self.dimension_names}.")
+
+  def rename_dimension(self, old_name: str, new_name: str) -> Shape:
+    i = self._index_of(old_name)
+    dims = self.dims
+    dims[i] = Dimension(new_name, dims[i].size)
+    return Shape(dims)
+
+  def resize_dimension(self, name: str, new_size: int) -> Shape:
+    i = self._index_of(name)
+    dims = self.dims
+    dims[i] = Dimension(name, new_size)
+    return Shape(dims)
+
+  def get_dim_by_name(self, name: str) -> Dimension:
+    return self._dims[self._index_of(name)]
+
+
+ShapeLike = Union[Shape, str, Iterable, None]
+
+
+def convert_to_shape(x: ShapeLike) -> Optional[Shape]:
+  """Accepts a Shape, a "name:size;..." string or a list of Dimensions / (name, size) pairs."""
+  if x is None:
+    return None
+  if isinstance(x, Shape):
+    return x
+  if isinstance(x, str):
+    x = _parse_string_to_list_of_pairs(x, seconds_to_int=True)
+  return Shape(x)
+
+
+def combined_dimension(dims, name: Optional[str] = None) -> Dimension:
+  """One Dimension whose size is the product of `dims` (named `name` or after the first)."""
+  if not dims:
+    raise ValueError("combined_dimension needs at least one dimension.")
+  return Dimension(name or dims[0].name, list_product(d.size for d in dims))
+
+
+def anonymous_shape(shape: ShapeLike) -> Shape:
+  """Same sizes, dimensions renamed _anonymous_0, _anonymous_1, ... (names no layout rule matches)."""
+  shape = convert_to_shape(shape)
+  return Shape([Dimension("_anonymous_%i" % i, d.size) for i, d in enumerate(shape)])
+
+
+def is_subsequence(short_seq, long_seq) -> bool:
+  """True iff `short_seq` appears in order (not necessarily contiguous) in `long_seq`."""
+  if not short_seq:
+    return True
+  pos = 0
+  for x in long_seq:
+    if pos < len(short_seq) and short_seq[pos] == x:
+      pos += 1
+  return pos == len(short_seq)

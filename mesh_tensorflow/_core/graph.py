@@ -1,0 +1,134 @@
+"""The lazy graph: Graph (op list + naming + variable lists) and Mesh (a name for a processor set)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import tensorflow.compat.v1 as tf
+
+
+class Graph:
+  """An mtf graph: operations in creation order, plus the variables they created."""
+
+  def __init__(self):
+    self._operations = []
+    self._trainable_variables = []
+    self._all_variables = []
+    self.name_to_variable = {}
+    self._names_in_use = {}
+    self.captured_variable_scope = tf.get_variable_scope()
+    self.stacked_variables_rewritten = False
+
+  def __repr__(self):
+    return self.to_string
+
+  @property
+  def operations(self) -> list:
+    return self._operations
+
+  @property
+  def trainable_variables(self) -> list:
+    return self._trainable_variables
+
+  @property
+  def all_variables(self) -> list:
+    return self._all_variables
+
+  @property
+  def to_string(self) -> str:
+    return "\n".join(op.to_string for op in self._operations)
+
+  def unique_name(self, name: str, mark_as_used: bool = True) -> str:
+    """`name` inside the current variable scope, suffixed _1, _2, ... if taken (case-insensitively)."""
+    scope_name = tf.get_variable_scope().name
+    if scope_name:
+      name = scope_name + "/" + name
+    name_key = name.lower()
+    i = self._names_in_use.get(name_key, 0)
+    if mark_as_used:
+      self._names_in_use[name_key] = i + 1
+    if i > 0:
+      base_name_key = name_key
+      while name_key in self._names_in_use:
+        name_key = "%s_%d" % (base_name_key, i)
+        i += 1
+      if mark_as_used:
+        self._names_in_use[name_key] = 1
+      name = "%s_%d" % (name, i - 1)
+    return name
+
+  def make_variables_untrainable(self, variables) -> None:
+    for v in variables:
+      if v in self._trainable_variables:
+        self._trainable_variables.remove(v)
+        v._trainable = False
+
+  def capture_operations(self, fn: Callable):
+    """Runs fn() and returns (its result, the operations it added to this graph)."""
+    n = len(self._operations)
+    result = fn()
+    return result, self._operations[n:]
+
+  def clone_operations(self, ops, input_mapping: dict):
+    """Copies `ops` reading inputs through `input_mapping`; returns (new_ops, extended mapping).
+
+    Variables and random ops are shared, not cloned, so a recomputation sees the same values.
+    New ops keep the original names.
+    """
+    from mesh_tensorflow._core.tensor import Tensor
+    mapping = dict(input_mapping)
+    new_ops = []
+    for op in ops:
+      if getattr(op, "is_not_cloned", False):
+        continue
+      new_op = copy.copy(op)
+      self._operations.append(new_op)
+      new_op._inputs = [mapping.get(t, t) for t in op._inputs]
+      new_op._outputs = []
+      for i, t in enumerate(op.outputs):
+        new_t = Tensor(new_op, t.shape, t.dtype, t.name, i)
+        new_op._outputs.append(new_t)
+        if t in mapping:
+          raise ValueError(f"clone_operations: output {t.name} of {op.name} is already mapped.")
+        mapping[t] = new_t
+      new_ops.append(new_op)
+    return new_ops, mapping
+
+  def rewrite_stack_variables(self, max_combined_variable_size=2 ** 29,
+                              max_combined_slice_size=2 ** 27, mesh_to_impl=None) -> None:
+    """Stacks same-shaped variables into one (fewer, larger slice variables); see _ops/stacking.py."""
+    from mesh_tensorflow._ops import stacking
+    stacking.rewrite_stack_variables(self, max_combined_variable_size,
+                                     max_combined_slice_size, mesh_to_impl)
+
+  def combine_assignments(self, assignments) -> list:
+    """Replaces Assign ops with one Assign per distinct assign_fn; see _ops/stacking.py."""
+    from mesh_tensorflow._ops import stacking
+    return stacking.combine_assignments(self, assignments)
+
+
+class Mesh:
+  """A named set of processors; its shape and devices come later, from a MeshImpl at lowering."""
+
+  def __init__(self, graph: Graph, name: str, variable_placer=None):
+    self._graph = graph
+    self._name = name
+    self._variable_placer = variable_placer
+
+  @property
+  def graph(self) -> Graph:
+    return self._graph
+
+  @property
+  def name(self) -> str:
+    return self._name
+
+  @property
+  def variable_placer_fn(self):
+    if self._variable_placer is not None:
+      return self._variable_placer.device_function
+    return "cpu:0"
+
+  def __repr__(self):
+    return f"Mesh({self._name!r})"

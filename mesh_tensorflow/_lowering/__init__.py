@@ -1,0 +1,1 @@
+"""Lowering: turning the lazy mtf graph into per-processor TensorFlow ops."""

@@ -1,0 +1,72 @@
+"""Lazily evaluated laid-out values: deferred allreduces and deferred computations.
+
+A sum over a split dimension (einsum, reduce_sum, conv) leaves partial sums on each processor.
+Keeping them lazy lets consecutive additions of partial sums share a single allreduce.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import tensorflow.compat.v1 as tf
+
+
+class LazyAllreduceSum:
+  """Partial sums over `mesh_axes`; reduced on first use by `to_laid_out_tensor()`."""
+
+  def __init__(self, mesh_impl, laid_out_input, mesh_axes, add_counter_fn: Callable | None = None):
+    self.mesh_impl = mesh_impl
+    self.laid_out_input = laid_out_input
+    self.mesh_axes = mesh_axes
+    self.add_counter_fn = add_counter_fn
+    self._reduced = None
+
+  def to_laid_out_tensor(self):
+    if self._reduced is None:
+      self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
+      if self.add_counter_fn:
+        self.add_counter_fn()
+    return self._reduced
+
+  def __add__(self, other):
+    if compatible_lazy_allreduce_sums([self, other]):
+      return LazyAllreduceSum(
+          self.mesh_impl,
+          self.mesh_impl.slicewise(tf.add, self.laid_out_input, other.laid_out_input),
+          self.mesh_axes, add_counter_fn=self.add_counter_fn)
+    return self.mesh_impl.slicewise(tf.add, self.to_laid_out_tensor(), other.to_laid_out_tensor())
+
+  @property
+  def slice_shape(self):
+    return self.laid_out_input.slice_shape
+
+
+def compatible_lazy_allreduce_sums(xs) -> bool:
+  """True iff xs are all LazyAllreduceSums over the same mesh impl and mesh axes."""
+  if not xs or not isinstance(xs[0], LazyAllreduceSum):
+    return False
+  return all(isinstance(x, LazyAllreduceSum) and x.mesh_impl is xs[0].mesh_impl
+             and x.mesh_axes == xs[0].mesh_axes for x in xs[1:])
+
+
+class LazyLaidOutTensor:
+  """A laid-out value computed by `tensor_fn()` on first use."""
+
+  def __init__(self, tensor_fn: Callable, slice_shape):
+    self.tensor_fn = tensor_fn
+    self._slice_shape = slice_shape
+    self._value = None
+
+  def to_laid_out_tensor(self):
+    if self._value is None:
+      self._value = self.tensor_fn()
+    return self._value
+
+  @property
+  def slice_shape(self):
+    return self._slice_shape
+
+
+def convert_args_to_laid_out_tensors(xs) -> list:
+  """Forces lazy values; leaves everything else (python numbers, tf tensors) as is."""
+  return [x.to_laid_out_tensor() if hasattr(x, "to_laid_out_tensor") else x for x in xs]

@@ -1,0 +1,123 @@
+"""The lowering driver: walks the graph in order and asks each op to lower itself."""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow._lowering.tf_helpers import _log_info_also_to_file, log_variable_sizes
+
+
+class Lowering:
+  """Lowers `graph` given a MeshImpl per Mesh.
+
+  After construction, `tensors` maps each mtf Tensor to its laid-out value (possibly lazy),
+  `operations` maps ops without outputs (Assign, ...) to TF ops, and `variables` maps each
+  mtf Variable to its backend LaidOutVariable.
+  """
+
+  def __init__(self, graph, mesh_to_impl: dict, autostack: bool = True, log_file=None):
+    self.mesh_to_impl = mesh_to_impl
+    self.graph = graph
+    _check_every_mesh_has_impl(graph, mesh_to_impl)
+    if autostack:
+      self.autostack()
+    self._counters = []
+    self.tensors = {}
+    self.operations = {}
+    self.variables = {}
+    for op in graph.operations:
+      with tf.name_scope(_scope_name(op.name)):
+        op.lower(self)
+      for out in op.outputs:
+        self.add_counter("output/%s" % type(op).__name__, self.laid_out_size(out))
+        self.add_counter("output_unique/%s" % type(op).__name__, out.size)
+    log_variable_sizes(graph.trainable_variables, "Trainable Variables", verbose=True,
+                       mesh_to_impl=mesh_to_impl, log_file=log_file)
+    log_variable_sizes(graph.all_variables, "All Variables", verbose=False,
+                       mesh_to_impl=mesh_to_impl, log_file=log_file)
+    _log_info_also_to_file("Counters:\n" + pretty_print_counters(self._counters), log_file=log_file)
+
+  def mesh_impl(self, m):
+    """The MeshImpl of a Mesh, or of anything with a `.mesh` (Tensor, Operation)."""
+    mesh = getattr(m, "mesh", m)
+    try:
+      return self.mesh_to_impl[mesh]
+    except KeyError:
+      raise ValueError(
+          f"No MeshImpl for {mesh!r}; pass one in mesh_to_impl, e.g. "
+          f"Lowering(graph, {{mesh: PlacementMeshImpl(shape, layout, devices)}}).") from None
+
+  def export_to_tf_tensor(self, x):
+    """The whole value of mtf Tensor x as one TF tensor."""
+    mesh_impl = self.mesh_impl(x)
+    return mesh_impl.export_to_tf_tensor(x, self.tensors[x].to_laid_out_tensor())
+
+  def lowered_operation(self, op):
+    return self.operations[op]
+
+  def copy_masters_to_slices(self):
+    if os.environ.get("MTF_SEQUENCE_MODE", "") == "1":
+      mesh_impls = [impl for impl in self.mesh_to_impl.values()]
+      if len(mesh_impls) != 1:
+        raise ValueError("MTF_SEQUENCE_MODE=1 needs exactly one mesh.")
+      return mesh_impls[0].copy_master_to_slice_ops[-1]
+    return tf.group([v.copy_master_to_slices for v in self.variables.values()])
+
+  def copy_slices_to_masters(self):
+    return tf.group([v.copy_slices_to_master for v in self.variables.values()])
+
+  def add_counter(self, key: str, value: int) -> None:
+    assert isinstance(value, int)
+    self._counters.append((key, value))
+
+  @property
+  def counters(self) -> list:
+    return self._counters
+
+  def laid_out_size(self, tensor) -> int:
+    return self.mesh_impl(tensor).laid_out_size(tensor.shape)
+
+  def set_tensor_lowering(self, tensor, laid_out_tensor) -> None:
+    self.verify_slice_shapes(tensor, laid_out_tensor)
+    self.tensors[tensor] = laid_out_tensor
+
+  def verify_slice_shapes(self, tensor, laid_out_tensor) -> None:
+    expected = self.mesh_impl(tensor).slice_shape(tensor.shape)
+    actual = list(laid_out_tensor.slice_shape)
+    if actual != expected:
+      raise ValueError(
+          f"Wrong slice shape lowering {tensor.name!r} ({tensor.shape}): got {actual}, expected "
+          f"{expected}. This is a bug in the lowering of {type(tensor.operation).__name__}.")
+
+  def autostack(self) -> None:
+    """Stacks similar variables so each processor holds fewer, larger slice variables."""
+    num_slices = sum(self.mesh_impl(v).size for v in self.graph.all_variables)
+    max_combined_slice_size = 2 ** 27 if num_slices >= 2 ** 16 else 2 ** 16
+    self.graph.rewrite_stack_variables(mesh_to_impl=self.mesh_to_impl,
+                                       max_combined_slice_size=max_combined_slice_size)
+
+
+def _check_every_mesh_has_impl(graph, mesh_to_impl: dict) -> None:
+  for op in graph.operations:
+    if op.mesh not in mesh_to_impl:
+      raise ValueError(
+          f"Operation {op.name!r} is on {op.mesh!r}, which has no MeshImpl; add it to "
+          f"mesh_to_impl (known meshes: {list(mesh_to_impl)}).")
+
+
+def _scope_name(op_name: str) -> str:
+  """TF name scopes reject some characters mtf names may hold (e.g. ':')."""
+  return "".join(c if (c.isalnum() or c in "._-/") else "_" for c in op_name)
+
+
+def pretty_print_counters(counters) -> str:
+  """Totals per '/'-separated prefix, sorted, indented by depth: "  output/Einsum: 1.02e+03"."""
+  totals = {}
+  for key, value in counters:
+    parts = key.split("/")
+    for i in range(1, len(parts) + 1):
+      prefix = "/".join(parts[:i])
+      totals[prefix] = totals.get(prefix, 0) + value
+  return "\n".join("%s%s: %.3g" % ("  " * k.count("/"), k, v) for k, v in sorted(totals.items()))

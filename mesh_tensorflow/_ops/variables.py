@@ -1,0 +1,239 @@
+"""Variables: float32 masters (checkpointed) plus per-processor slices; reads and assignments."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow._core.dims import Shape, convert_to_shape
+from mesh_tensorflow._core.operation import Operation
+from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._lowering.tf_helpers import outside_all_rewrites
+
+__all__ = [
+    "VariableDType", "Variable", "get_variable", "ReadVariable", "read_variable", "Assign",
+    "assign", "assign_add", "assign_sub", "assign_slice", "assign_add_slice", "assign_sub_slice",
+]
+
+
+class VariableDType:
+  """Dtypes of a variable's three roles: checkpointed master, per-device slice, graph activation."""
+
+  def __init__(self, master_dtype=tf.float32, slice_dtype=None, activation_dtype=None):
+    self._master_dtype = master_dtype
+    self._slice_dtype = slice_dtype or master_dtype
+    self._activation_dtype = activation_dtype or master_dtype
+
+  @property
+  def master_dtype(self) -> tf.DType:
+    return self._master_dtype
+
+  @property
+  def slice_dtype(self) -> tf.DType:
+    return self._slice_dtype
+
+  @property
+  def activation_dtype(self) -> tf.DType:
+    return self._activation_dtype
+
+  def __repr__(self):
+    return (f"VariableDType(master_dtype={self._master_dtype.name}, "
+            f"slice_dtype={self._slice_dtype.name}, activation_dtype={self._activation_dtype.name})")
+
+
+class Variable(Operation):
+  """A trainable (or not) mtf variable; its op name is the master variable's name."""
+
+  is_not_cloned = True  # recomputation reuses variables
+
+  def __init__(self, mesh, name: str, shape: Shape, dtype: VariableDType, initializer, trainable: bool,
+               **kwargs):
+    super().__init__([], mesh, name="name_will_be_set_later")
+    if not isinstance(dtype, VariableDType):
+      raise ValueError(f"Variable {name!r}: dtype must be an mtf.VariableDType, got {dtype!r}.")
+    self._variable_dtype = dtype
+    self._trainable = trainable
+    self._create_master(mesh, name, shape, initializer, trainable, **kwargs)
+    self._outputs = [Tensor(self, shape, dtype.activation_dtype)]
+    self._initialize_all_dimensions_as_splittable()
+    self.graph.all_variables.append(self)
+    if trainable:
+      self.graph.trainable_variables.append(self)
+
+  def _create_master(self, mesh, name, shape, initializer, trainable, **kwargs):
+    with tf.device(mesh.variable_placer_fn), outside_all_rewrites():
+      self._master = tf.get_variable(name, shape.to_integer_list, dtype=self.master_dtype,
+                                     initializer=initializer, trainable=trainable, **kwargs)
+    self._name = self._master.name[:self._master.name.find(":")]
+
+  def __repr__(self):
+    return "Variable(%s)" % self.value
+
+  def lower(self, lowering):
+    mesh_impl = lowering.mesh_impl(self)
+    with outside_all_rewrites():
+      laid_out_variable = mesh_impl.LaidOutVariable(self, mesh_impl)
+    lowering.variables[self] = laid_out_variable
+    lowering.set_tensor_lowering(
+        self.outputs[0],
+        mesh_impl.slicewise(tf.cast, laid_out_variable.laid_out_tensor, self.activation_dtype))
+
+  @property
+  def value(self) -> Tensor:
+    return self.outputs[0]
+
+  @property
+  def shape(self) -> Shape:
+    return self.value.shape
+
+  @property
+  def size(self) -> int:
+    return self.shape.size
+
+  @property
+  def dtype(self) -> VariableDType:
+    return self._variable_dtype
+
+  @property
+  def master_dtype(self) -> tf.DType:
+    return self._variable_dtype.master_dtype
+
+  @property
+  def slice_dtype(self) -> tf.DType:
+    return self._variable_dtype.slice_dtype
+
+  @property
+  def activation_dtype(self) -> tf.DType:
+    return self._variable_dtype.activation_dtype
+
+  @property
+  def trainable(self) -> bool:
+    return self._trainable
+
+  @property
+  def master_device(self) -> str:
+    return self._master.device
+
+  def get_master(self):
+    return self._master
+
+  def assign_to_master(self, val):
+    return tf.assign(self._master, val)
+
+
+def get_variable(mesh, name: str, shape, dtype=tf.float32, master_dtype=None, slice_dtype=None,
+                 activation_dtype=None, initializer=None, trainable: bool = True, **kwargs) -> Tensor:
+  """Creates (or reuses, by full scoped name) a Variable and returns its output Tensor."""
+  if dtype is None:
+    dtype = VariableDType(master_dtype or tf.float32, slice_dtype, activation_dtype)
+  elif isinstance(dtype, tf.DType):
+    dtype = VariableDType(master_dtype or dtype, slice_dtype or dtype, activation_dtype or dtype)
+  elif not isinstance(dtype, VariableDType):
+    raise ValueError(f"get_variable {name!r}: dtype must be a tf.DType or an mtf.VariableDType, "
+                     f"got {dtype!r}.")
+  scope_name = tf.get_variable_scope().name
+  full_name = scope_name + "/" + name if scope_name else name
+  if initializer is None:
+    tf.logging.warning("Using the default glorot_uniform_initializer for variable %s; it guesses "
+                       "fan-in and fan-out from the dimension order.", full_name)
+  if full_name in mesh.graph.name_to_variable:
+    return mesh.graph.name_to_variable[full_name].outputs[0]
+  var = Variable(mesh, name, convert_to_shape(shape), dtype, initializer, trainable, **kwargs)
+  if var.name != full_name:
+    raise ValueError(
+        f"Variable {full_name!r} was created as {var.name!r}: the TF graph already holds a "
+        f"variable of that name. Build each mtf graph in a fresh tf.Graph, or use another name.")
+  mesh.graph.name_to_variable[full_name] = var
+  return var.outputs[0]
+
+
+class ReadVariable(Operation):
+  """Re-reads a variable's slices (e.g. after an assignment, ordered by control dependencies)."""
+
+  def __init__(self, var: Variable, name: Optional[str] = None):
+    super().__init__([var.outputs[0]], name=name or "read_variable")
+    self._var = var
+    self._outputs = [Tensor(self, var.shape, var.activation_dtype)]
+
+  def gradient(self, grad_ys):
+    return grad_ys
+
+  def lower(self, lowering):
+    mesh_impl = lowering.mesh_impl(self)
+    laid_out_variable = lowering.variables[self._var]
+    lowering.set_tensor_lowering(
+        self.outputs[0],
+        mesh_impl.slicewise(tf.cast, laid_out_variable.laid_out_tensor, self._var.activation_dtype))
+
+
+def read_variable(var: Variable) -> Tensor:
+  return ReadVariable(var).outputs[0]
+
+
+def assign_slice(variable: Variable, slice_var, val):
+  return tf.assign(slice_var, tf.cast(val, variable.slice_dtype))
+
+
+def assign_add_slice(variable: Variable, slice_var, val):
+  return tf.assign_add(slice_var, tf.cast(val, variable.slice_dtype))
+
+
+def assign_sub_slice(variable: Variable, slice_var, val):
+  return tf.assign_sub(slice_var, tf.cast(val, variable.slice_dtype))
+
+
+class Assign(Operation):
+  """Assigns new values to variables' slices; lowers to a tf.group in lowering.operations."""
+
+  def __init__(self, variables, new_values, assign_fn: Callable = assign_slice,
+               name: Optional[str] = None):
+    variables = list(variables)
+    new_values = list(new_values)
+    for var, val in zip(variables, new_values):
+      if var.shape != val.shape:
+        raise ValueError(
+            f"Assigning {val.name!r} of {val.shape} to variable {var.name!r} of {var.shape}; the "
+            f"shapes must be equal (use mtf.reshape/transpose/broadcast first).")
+    super().__init__(new_values, variables[0].mesh, name=name or "assign")
+    self._variables = variables
+    self._assign_fn = assign_fn
+    self._outputs = []
+
+  def lower(self, lowering):
+    ops = []
+    for var, val in zip(self._variables, self.inputs):
+      ops.append(lowering.variables[var].assign_to_slices(
+          self._assign_fn, lowering.tensors[val].to_laid_out_tensor().all_slices))
+    lowering.operations[self] = tf.group(ops)
+
+  @property
+  def assign_fn(self) -> Callable:
+    return self._assign_fn
+
+  @property
+  def variables(self) -> list:
+    return self._variables
+
+
+def _to_variable(var) -> Variable:
+  """A Variable, its output, or a chain of single-input ops (e.g. a cast) leading to one."""
+  op = var.operation if isinstance(var, Tensor) else var
+  while not isinstance(op, Variable):
+    if not isinstance(op, Operation) or len(op.inputs) != 1:
+      raise ValueError(f"assign: {var!r} is not an mtf Variable, its output, or a chain of "
+                       f"single-input ops leading to one.")
+    op = op.inputs[0].operation
+  return op
+
+
+def assign(var, new_val: Tensor, assign_fn: Callable = assign_slice, name: Optional[str] = None):
+  return Assign([_to_variable(var)], [new_val], assign_fn=assign_fn, name=name)
+
+
+def assign_add(var, new_val: Tensor):
+  return assign(var, new_val, assign_fn=assign_add_slice)
+
+
+def assign_sub(var, new_val: Tensor):
+  return assign(var, new_val, assign_fn=assign_sub_slice)

@@ -1,0 +1,95 @@
+"""Shared test harness: 8 virtual CPU devices, meshes, layouts, and graph/eager evaluation."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf2
+import tensorflow.compat.v1 as tf
+from hypothesis import strategies as st
+
+import mesh_tensorflow as mtf
+
+NUM_DEVICES = 8
+MODES = ("graph", "eager")
+
+# Mesh shapes with 1, 2, 4 and 8 processors, of rank 1, 2 and 3.
+MESH_SHAPES = (
+    "all:1", "all:2", "all:4", "all:8",
+    "rows:2;cols:2", "rows:2;cols:4", "rows:4;cols:2",
+    "x:2;y:2;z:2", "x:1;y:2;z:4",
+)
+
+# Hypothesis example count: modest by default, MTF_HYPOTHESIS_EXAMPLES=500 for long runs.
+MAX_EXAMPLES = int(os.environ.get("MTF_HYPOTHESIS_EXAMPLES", "12"))
+
+
+def configure_virtual_cpus() -> None:
+  """Splits the host CPU into NUM_DEVICES logical devices (must run before any TF op)."""
+  cpus = tf2.config.list_physical_devices("CPU")
+  if tf2.config.get_logical_device_configuration(cpus[0]):
+    return  # already configured (it can be done only once per process)
+  tf2.config.set_logical_device_configuration(
+      cpus[0], [tf2.config.LogicalDeviceConfiguration()] * NUM_DEVICES)
+
+
+def cpu_devices(n: int) -> list:
+  return ["cpu:%d" % i for i in range(n)]
+
+
+def session_config() -> tf.ConfigProto:
+  return tf.ConfigProto(device_count={"CPU": NUM_DEVICES})
+
+
+def lower_and_evaluate(build_fn: Callable, mesh_shape="all:1", layout="", mode: str = "graph",
+                       devices: Sequence[str] | None = None, autostack: bool = True) -> list:
+  """Builds `build_fn(mesh)` (a list of mtf Tensors), lowers it, and returns numpy values.
+
+  Variables are initialised from their initializers (masters copied to slices).
+  """
+  mesh_shape = mtf.convert_to_shape(mesh_shape)
+  devices = list(devices) if devices is not None else cpu_devices(mesh_shape.size)
+
+  def build_and_lower():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "my_mesh")
+    outputs = list(build_fn(mesh))
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices)
+    lowering = mtf.Lowering(graph, {mesh: impl}, autostack=autostack)
+    return lowering, [lowering.export_to_tf_tensor(x) for x in outputs]
+
+  if mode == "graph":
+    with tf.Graph().as_default():
+      lowering, tf_outputs = build_and_lower()
+      with tf.Session(config=session_config()) as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(lowering.copy_masters_to_slices())
+        return sess.run(tf_outputs)
+  if mode == "eager":
+    _, tf_outputs = build_and_lower()
+    return [t.numpy() for t in tf_outputs]
+  raise ValueError(f"unknown mode {mode!r}")
+
+
+@st.composite
+def mesh_and_layout(draw, dims: dict, mesh_shapes: Sequence[str] = MESH_SHAPES):
+  """Draws (mesh_shape_string, layout_string) with each mesh dim splitting a divisible tensor dim.
+
+  `dims` maps tensor dimension names to sizes. Each tensor dimension is used at most once.
+  """
+  mesh_shape = mtf.convert_to_shape(draw(st.sampled_from(mesh_shapes)))
+  rules, used = [], set()
+  for mesh_dim in mesh_shape:
+    candidates = [name for name, size in sorted(dims.items())
+                  if name not in used and size % mesh_dim.size == 0]
+    choice = draw(st.sampled_from([None] + candidates))
+    if choice is not None:
+      used.add(choice)
+      rules.append(f"{choice}:{mesh_dim.name}")
+  return ";".join(f"{d.name}:{d.size}" for d in mesh_shape), ";".join(rules)
+
+
+def assert_allclose(actual, expected, rtol=1e-5, atol=1e-5):
+  np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol)
