@@ -93,3 +93,51 @@ def mesh_and_layout(draw, dims: dict, mesh_shapes: Sequence[str] = MESH_SHAPES):
 
 def assert_allclose(actual, expected, rtol=1e-5, atol=1e-5):
   np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol)
+
+
+def assert_op_matches_tf(mtf_fn: Callable, tf_fn: Callable, inputs: Sequence, mesh_shape="all:1",
+                         layout="", mode: str = "graph", check_gradients: bool = True,
+                         rtol: float = 1e-5, atol: float = 1e-5, seed: int = 0) -> None:
+  """Checks an mtf computation against the same computation in plain (unsharded) TensorFlow.
+
+  Args:
+    mtf_fn: (*mtf_tensors) -> mtf Tensor.
+    tf_fn: (*tf_tensors) -> tf.Tensor, with axes in the order of mtf_fn's output shape.
+    inputs: (numpy_array, shape_string) pairs; imported with that mtf shape.
+    check_gradients: also compare d(sum(out * w))/d(float inputs), w random, against
+      tf.GradientTape on tf_fn.
+  """
+  arrays = [np.asarray(a) for a, _ in inputs]
+  float_idx = [i for i, a in enumerate(arrays) if np.issubdtype(a.dtype, np.floating)]
+  rng = np.random.RandomState(seed)
+  holder = {}
+
+  def build(mesh):
+    xs = [mtf.import_tf_tensor(mesh, tf.constant(a), shape=s) for a, (_, s) in zip(arrays, inputs)]
+    y = mtf_fn(*xs)
+    holder["shape"] = y.shape.to_integer_list
+    outs = [y]
+    if check_gradients and float_idx:
+      w = rng.uniform(-1, 1, size=y.shape.to_integer_list).astype(y.dtype.as_numpy_dtype)
+      holder["w"] = w
+      loss = mtf.reduce_sum(y * mtf.import_tf_tensor(mesh, tf.constant(w), shape=y.shape))
+      grads = mtf.gradients([loss], [xs[i] for i in float_idx])
+      outs += [g if g is not None else mtf.zeros_like(xs[i]) for g, i in zip(grads, float_idx)]
+    return outs
+
+  actual = lower_and_evaluate(build, mesh_shape, layout, mode)
+  with tf.Graph().as_default():
+    tf_xs = [tf.constant(a) for a in arrays]
+    expected_y = tf_fn(*tf_xs)
+    fetches = [expected_y]
+    if check_gradients and float_idx:
+      loss = tf.reduce_sum(expected_y * tf.constant(holder["w"]))
+      grads = tf.gradients(loss, [tf_xs[i] for i in float_idx], unconnected_gradients="zero")
+      fetches += grads
+    with tf.Session() as sess:
+      expected = sess.run(fetches)
+  assert list(np.shape(actual[0])) == holder["shape"], (np.shape(actual[0]), holder["shape"])
+  for a, e in zip(actual, expected):
+    np.testing.assert_allclose(np.asarray(a, dtype=np.float64) if a.dtype != bool else a,
+                               np.asarray(e, dtype=np.float64) if e.dtype != bool else e,
+                               rtol=rtol, atol=atol)
