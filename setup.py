@@ -1,0 +1,27 @@
+"""Install mesh_tensorflow. TensorFlow comes from an extra, so users keep the TF build they have:
+pip install -e '.[cpu]' (tensorflow-cpu) or '.[gpu]' (tensorflow with CUDA), plus '[test]' for tests."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="mesh-tensorflow",
+    version="0.2.0",
+    description="Mesh TensorFlow: named-dimension model parallelism, reborn for TensorFlow 2.16+",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache 2.0",
+    packages=find_packages(include=["mesh_tensorflow", "mesh_tensorflow.*"]),
+    package_data={"mesh_tensorflow.transformer": ["gin/*.gin", "gin/*/*.gin"]},
+    python_requires=">=3.9",
+    install_requires=["numpy", "absl-py", "gin-config"],
+    extras_require={
+        "cpu": ["tensorflow-cpu>=2.16"],
+        "gpu": ["tensorflow[and-cuda]>=2.16"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "mock", "scipy", "ruff"],
+    },
+    classifiers=[
+        "License :: OSI Approved :: Apache Software License",
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
