@@ -83,7 +83,7 @@ class PlacementMeshImpl(MeshImpl):
           with tf.device(device):
             slices.append(tf.get_variable(
                 base_name + "_slice_%d" % pnum, slice_shape, dtype=variable.slice_dtype,
-                collections=[], initializer=tf.zeros_initializer()))
+                collections=[], initializer=tf.zeros_initializer(), use_resource=True))
         self._slices = slices
         self._copy_master_to_slices = self._generate_copy_master_to_slices_op(
             variable.get_master(), shape, slices, slice_shape)
@@ -91,7 +91,14 @@ class PlacementMeshImpl(MeshImpl):
             mesh_impl.combine_slices(
                 [tf.cast(s, variable.master_dtype) for s in slices], shape,
                 device=master_device))
-      self._laid_out_tensor = mesh_impl.LaidOutTensor(self._slices)
+      # Reads are snapshots taken once; assignments wait for them, so a step that both reads and
+      # updates a variable (loss + train op in one session.run) sees the old value everywhere.
+      self._reads = []
+      for device, slice_var in zip(mesh_impl.devices, self._slices):
+        with tf.device(device):
+          self._reads.append(slice_var.read_value() if hasattr(slice_var, "read_value")
+                             else tf.identity(slice_var))
+      self._laid_out_tensor = mesh_impl.LaidOutTensor(self._reads)
 
     def _generate_copy_master_to_slices_op(self, master_variable, master_shape, slices, slice_shape):
       mesh_impl = self._mesh_impl
@@ -109,8 +116,9 @@ class PlacementMeshImpl(MeshImpl):
       return op
 
     def assign_to_slices(self, assign_fn, values):
-      return tf.group(parallel(self._mesh_impl.devices, assign_fn,
-                               [self._variable] * len(self._slices), self._slices, values))
+      with tf.control_dependencies(None if tf.executing_eagerly() else self._reads):
+        return tf.group(parallel(self._mesh_impl.devices, assign_fn,
+                                 [self._variable] * len(self._slices), self._slices, values))
 
     @property
     def laid_out_tensor(self):
@@ -199,13 +207,23 @@ class PlacementMeshImpl(MeshImpl):
     return self.LaidOutTensor(list(range(self.size)))
 
   def random(self, shape, tf_fn, kwargs):
-    """Per-slice random values, seeded so that processors holding the same slice agree."""
+    """Per-slice random values; processors holding the same slice agree.
+
+    Each distinct slice is drawn once and copied to the other processors holding it: eager
+    execution advances a kernel's random state per call, so equal seeds alone would not agree.
+    """
     slice_shape = self.slice_shape(shape)
     op_seed = random.random()
+    draws = {}
 
     def my_fn(pnum):
-      seed = hash("%s,%s" % (op_seed, self.slice_begin(shape, pnum))) % (2 ** 31)
-      return tf_fn(slice_shape, seed=seed, **kwargs)
+      begin = self.slice_begin(shape, pnum)
+      key = tuple(begin)
+      if key in draws:
+        return tf.identity(draws[key])
+      seed = hash("%s,%s" % (op_seed, begin)) % (2 ** 31)
+      draws[key] = tf_fn(slice_shape, seed=seed, **kwargs)
+      return draws[key]
     return self.slicewise(my_fn, self.laid_out_pnum())
 
   def export_to_tf_tensor(self, x, laid_out_x):
