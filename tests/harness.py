@@ -44,10 +44,12 @@ def session_config() -> tf.ConfigProto:
 
 
 def lower_and_evaluate(build_fn: Callable, mesh_shape="all:1", layout="", mode: str = "graph",
-                       devices: Sequence[str] | None = None, autostack: bool = True) -> list:
+                       devices: Sequence[str] | None = None, autostack: bool = True,
+                       per_processor: bool = False) -> list:
   """Builds `build_fn(mesh)` (a list of mtf Tensors), lowers it, and returns numpy values.
 
   Variables are initialised from their initializers (masters copied to slices).
+  With per_processor, each output is instead the list of its slices, in processor order.
   """
   mesh_shape = mtf.convert_to_shape(mesh_shape)
   devices = list(devices) if devices is not None else cpu_devices(mesh_shape.size)
@@ -58,18 +60,20 @@ def lower_and_evaluate(build_fn: Callable, mesh_shape="all:1", layout="", mode: 
     outputs = list(build_fn(mesh))
     impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices)
     lowering = mtf.Lowering(graph, {mesh: impl}, autostack=autostack)
+    if per_processor:
+      return lowering, [lowering.tensors[x].to_laid_out_tensor().all_slices for x in outputs]
     return lowering, [lowering.export_to_tf_tensor(x) for x in outputs]
 
   if mode == "graph":
     with tf.Graph().as_default():
       lowering, tf_outputs = build_and_lower()
       with tf.Session(config=session_config()) as sess:
-        sess.run(tf.global_variables_initializer())
+        sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
         sess.run(lowering.copy_masters_to_slices())
         return sess.run(tf_outputs)
   if mode == "eager":
     _, tf_outputs = build_and_lower()
-    return [t.numpy() for t in tf_outputs]
+    return tf.nest.map_structure(lambda t: t.numpy(), tf_outputs)
   raise ValueError(f"unknown mode {mode!r}")
 
 
@@ -133,7 +137,7 @@ def assert_op_matches_tf(mtf_fn: Callable, tf_fn: Callable, inputs: Sequence, me
     if check_gradients and float_idx:
       loss = tf.reduce_sum(expected_y * tf.constant(holder["w"]))
       grads = tf.gradients(loss, [tf_xs[i] for i in float_idx], unconnected_gradients="zero")
-      fetches += grads
+      fetches += [tf.convert_to_tensor(g) for g in grads]  # densify IndexedSlices (tf.gather)
     with tf.Session() as sess:
       expected = sess.run(fetches)
   assert list(np.shape(actual[0])) == holder["shape"], (np.shape(actual[0]), holder["shape"])
@@ -141,3 +145,23 @@ def assert_op_matches_tf(mtf_fn: Callable, tf_fn: Callable, inputs: Sequence, me
     np.testing.assert_allclose(np.asarray(a, dtype=np.float64) if a.dtype != bool else a,
                                np.asarray(e, dtype=np.float64) if e.dtype != bool else e,
                                rtol=rtol, atol=atol)
+
+
+def lowering_counters(build_fn: Callable, mesh_shape="all:1", layout="") -> dict:
+  """Lowers `build_fn(mesh)` (graph mode), exports its outputs, and returns {counter key: total}.
+
+  Exporting forces lazy allreduces, so their counters are included.
+  """
+  mesh_shape = mtf.convert_to_shape(mesh_shape)
+  with tf.Graph().as_default():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "my_mesh")
+    outputs = list(build_fn(mesh))
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, cpu_devices(mesh_shape.size))
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    for x in outputs:
+      lowering.export_to_tf_tensor(x)
+  totals = {}
+  for key, value in lowering.counters:
+    totals[key] = totals.get(key, 0) + value
+  return totals
