@@ -153,7 +153,7 @@ class MeshImpl:
     new_slice_shape = self.slice_shape(new_shape)
 
     def tf_fn(x):
-      return tf.zeros(new_slice_shape, dtype=x.dtype) + expand_dims_to(x, old_shape, new_shape)
+      return tf.broadcast_to(expand_dims_to(x, old_shape, new_shape), new_slice_shape)  # any dtype
     return self.slicewise(tf_fn, old_slices)
 
   def make_slices(self, tf_tensor, tensor_shape: Shape) -> list:
