@@ -28,6 +28,7 @@ from mesh_tensorflow._lowering.tf_helpers import (
     binary_reduction_fn, log_variable_sizes, parallel, pool_fn, reduction_fn,
     transpose_list_of_lists)
 from mesh_tensorflow._ops.binary import *
+from mesh_tensorflow._ops.binary import _infer_binary_broadcast_shape
 from mesh_tensorflow._ops.checkpoint_hooks import *
 from mesh_tensorflow._ops.control import *
 from mesh_tensorflow._ops.conv import *
