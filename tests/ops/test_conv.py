@@ -1,0 +1,219 @@
+"""Convolutions, transposed convolutions and their backprop ops against plain TensorFlow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mesh_tensorflow as mtf
+from tests.harness import MAX_EXAMPLES, MODES, assert_op_matches_tf, lower_and_evaluate, mesh_and_layout
+
+# (conv dimension, is_transpose) -> op class.
+CONV_CLASSES = {
+    (2, False): mtf.Conv2dOperation, (3, False): mtf.Conv3dOperation,
+    (2, True): mtf.Conv2dTransposeOperation, (3, True): mtf.Conv3dTransposeOperation,
+}
+ROLES = {2: ("h", "w"), 3: ("d", "h", "w")}
+SIZES = {"b": 4, "a": 2, "c": 4, "o": 4}  # batch, extra batch, in channels, out channels
+
+
+def _case(cd: int, transpose: bool, spatial: int, filter_size: int, seed: int = 0):
+  """(x, filter) arrays and their mtf shape strings: x [b, a, (d,) h, w, c]."""
+  rng = np.random.RandomState(seed)
+  roles = ROLES[cd]
+  x_shape = "b:%d;a:%d;" % (SIZES["b"], SIZES["a"]) + "".join(f"{r}:{spatial};" for r in roles) + "c:4"
+  channels = ("o", "c") if transpose else ("c", "o")
+  f_shape = "".join(f"f{r}:{filter_size};" for r in roles) + ";".join(f"{c}:4" for c in channels)
+  x = rng.uniform(-1, 1, [SIZES["b"], SIZES["a"]] + [spatial] * cd + [4]).astype(np.float32)
+  f = rng.uniform(-1, 1, [filter_size] * cd + [4, 4]).astype(np.float32)
+  return (x, x_shape), (f, f_shape)
+
+
+def _tf_conv(cd: int, transpose: bool, strides: list, padding: str):
+  """The same convolution in plain TF, with the two leading batch dims flattened.
+
+  mtf rounds strided output sizes down (upstream's rule), so TF's partial last window is cropped.
+  """
+  def fn(x, f):
+    shape = x.shape.as_list()
+    flat = tf.reshape(x, [-1] + shape[2:])
+    if transpose:
+      out_spatial = [n * s + (max(k - s, 0) if padding == "VALID" else 0)
+                     for n, s, k in zip(shape[2:-1], strides[1:-1], f.shape.as_list())]
+      conv_t = tf.nn.conv2d_transpose if cd == 2 else tf.nn.conv3d_transpose
+      y = conv_t(flat, f, [flat.shape[0]] + out_spatial + [4], strides, padding)
+    else:
+      y = (tf.nn.conv2d if cd == 2 else tf.nn.conv3d)(flat, f, strides, padding)
+      out_spatial = [(n - (k - 1 if padding == "VALID" else 0)) // s
+                     for n, s, k in zip(shape[2:-1], strides[1:-1], f.shape.as_list())]
+      y = y[(slice(None),) + tuple(slice(0, n) for n in out_spatial)]
+    return tf.reshape(y, shape[:2] + y.shape.as_list()[1:])
+  return fn
+
+
+def _mtf_conv(cd: int, transpose: bool, strides: list, padding: str):
+  return lambda x, f: CONV_CLASSES[cd, transpose](x, f, strides, padding).outputs[0]
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None)
+@given(data=st.data(), kind=st.sampled_from(sorted(CONV_CLASSES)), padding=st.sampled_from(["SAME", "VALID"]),
+       stride=st.sampled_from([1, 2]), mode=st.sampled_from(MODES))
+def test_conv_matches_tf_under_any_layout(data, kind, padding, stride, mode):
+  cd, transpose = kind
+  mesh_shape, layout = data.draw(mesh_and_layout(SIZES))
+  strides = [1] + [stride] * cd + [1]
+  spatial = 5 if cd == 2 else 4
+  assert_op_matches_tf(_mtf_conv(cd, transpose, strides, padding), _tf_conv(cd, transpose, strides, padding),
+                       _case(cd, transpose, spatial, 3), mesh_shape, layout, mode, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", sorted(CONV_CLASSES))
+def test_conv_with_batch_and_both_channel_dims_split_matches_tf(kind, mode):
+  cd, transpose = kind
+  strides = [1] * (cd + 2)
+  assert_op_matches_tf(_mtf_conv(cd, transpose, strides, "SAME"), _tf_conv(cd, transpose, strides, "SAME"),
+                       _case(cd, transpose, 3, 2), "x:2;y:2;z:2", "b:x;c:y;o:z", mode, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("cd, padding", [(2, "SAME"), (2, "VALID"), (3, "SAME")])
+def test_strided_conv_drops_partial_last_window_and_its_gradient(cd, padding, mode):
+  strides = [1] + [2] * cd + [1]  # 5 // 2: TF's third (partial) window is dropped, as upstream did
+  assert_op_matches_tf(_mtf_conv(cd, False, strides, padding), _tf_conv(cd, False, strides, padding),
+                       _case(cd, False, 5, 3 if padding == "VALID" else 2), "rows:2;cols:2", "b:rows;o:cols",
+                       mode, rtol=1e-4, atol=1e-4)
+
+
+BACKPROP_FNS = {
+    (2, False): (mtf.conv2d_backprop_input, mtf.conv2d_backprop_filter),
+    (3, False): (mtf.conv3d_backprop_input, mtf.conv3d_backprop_filter),
+    (2, True): (mtf.conv2d_transpose_backprop_input, mtf.conv2d_transpose_backprop_filter),
+    (3, True): (mtf.conv3d_transpose_backprop_input, mtf.conv3d_transpose_backprop_filter),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BACKPROP_FNS))
+def test_backprop_functions_equal_tf_gradients_with_channels_split(kind):
+  cd, transpose = kind
+  strides, padding = [1] + [2] * cd + [1], "VALID"
+  (x, x_shape), (f, f_shape) = _case(cd, transpose, 4, 3)
+  backprop_input, backprop_filter = BACKPROP_FNS[kind]
+  with tf.Graph().as_default(), tf.Session() as sess:
+    tx, tfl = tf.constant(x), tf.constant(f)
+    y = _tf_conv(cd, transpose, strides, padding)(tx, tfl)
+    dy = np.random.RandomState(1).uniform(-1, 1, y.shape.as_list()).astype(np.float32)
+    expected = sess.run(tf.gradients(y, [tx, tfl], grad_ys=dy))
+
+  def build(mesh):
+    xm = mtf.import_tf_tensor(mesh, x, x_shape)
+    fm = mtf.import_tf_tensor(mesh, f, f_shape)
+    dym = mtf.import_tf_tensor(mesh, dy, CONV_CLASSES[kind](xm, fm, strides, padding).outputs[0].shape)
+    return [backprop_input(xm.shape, fm, dym, strides, padding),
+            backprop_filter(xm, fm.shape, dym, strides, padding)]
+  actual = lower_and_evaluate(build, "x:2;y:2;z:2", "a:x;c:y;o:z")
+  for a, e in zip(actual, expected):
+    np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4)
+
+
+def _graph_tensors(x_shape: str, f_shape: str, dtype=tf.float32):
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  return (mtf.zeros(mesh, x_shape, dtype=dtype), mtf.zeros(mesh, f_shape, dtype=dtype))
+
+
+@pytest.mark.parametrize("kind", sorted(CONV_CLASSES))
+def test_conv_output_shape_names_and_splittability(kind):
+  cd, transpose = kind
+  roles = ROLES[cd]
+  x, f = _graph_tensors("b:2;" + "".join(f"{r}:5;" for r in roles) + "c:3",
+                        "".join(f"f{r}:3;" for r in roles) + ("o:4;c:3" if transpose else "c:3;o:4"))
+  op = CONV_CLASSES[kind](x, f, [1] + [2] * cd + [1], "SAME")
+  out = op.outputs[0].shape
+  assert out.dimension_names == ["b", *roles, "o"]
+  # SAME: 5 // 2 (upstream's rule; TF would give 3); transposed SAME: 5 * 2.
+  assert out.to_integer_list == [2] + [10 if transpose else 2] * cd + [4]
+  spatial = set(roles) | {"f" + r for r in roles}
+  assert op.unsplittable_dims == spatial
+  assert op.splittable_dims == {"b", "c", "o"}
+  assert op.name == ("conv%dd%s" % (cd, "_transpose" if transpose else ""))
+  grad_ops = [g.operation for g in op.gradient([mtf.ones(x.mesh, out)])]
+  suffix = "_transpose" if transpose else ""
+  assert [g.name for g in grad_ops] == ["conv%dd%s_backprop" % (cd, suffix),
+                                        "conv%dd%s_backprop_filter" % (cd, suffix)]
+  for g in grad_ops:
+    assert g.unsplittable_dims == frozenset()
+    assert g.splittable_dims == spatial | {"b", "c", "o"}
+  assert [t.shape for t in op.gradient([mtf.ones(x.mesh, out)])] == [x.shape, f.shape]
+
+
+def test_conv_backprop_ops_constructed_directly_are_all_splittable():
+  x, f = _graph_tensors("b:2;h:4;w:4;c:3", "fh:3;fw:3;c:3;o:5")
+  dy = mtf.zeros(x.mesh, "b:2;h:4;w:4;o:5")
+  strides = [1, 1, 1, 1]
+  op = mtf.Conv2or3dBackpropInputOperation(2, False, x.shape, f, dy, strides, "SAME")
+  assert op.outputs[0].shape == x.shape and not op.unsplittable_dims
+  op = mtf.Conv2or3dBackpropFilterOperation(2, False, x, f.shape, dy, strides, "SAME")
+  assert op.outputs[0].shape == f.shape and not op.unsplittable_dims
+  assert op.to_string.startswith("Conv2or3dBackpropFilterOperation[Inputs=(")
+
+
+def test_conv_with_mismatched_in_channel_dims_raises():
+  x, f = _graph_tensors("b:2;h:4;w:4;c:3", "fh:3;fw:3;k:3;o:5")
+  with pytest.raises(ValueError, match=r"Dimensions do not match.*'k'.*'c'"):
+    mtf.Conv2dOperation(x, f, [1, 1, 1, 1], "SAME")
+  x, f = _graph_tensors("b:2;h:4;w:4;c:3", "fh:3;fw:3;c:3;o:5")
+  with pytest.raises(ValueError, match="Dimensions do not match"):
+    mtf.Conv2dTransposeOperation(x, f, [1, 1, 1, 1], "SAME")  # transposed filters are [fh, fw, out, in]
+
+
+def test_conv_of_integer_or_mixed_dtype_tensors_raises():
+  x, f = _graph_tensors("b:2;h:4;w:4;c:3", "fh:3;fw:3;c:3;o:5", dtype=tf.int32)
+  with pytest.raises(ValueError, match="floating-point.*int32"):
+    mtf.Conv2dOperation(x, f, [1, 1, 1, 1], "SAME")
+  x, f = _graph_tensors("b:2;h:4;w:4;c:3", "fh:3;fw:3;c:3;o:5")
+  with pytest.raises(ValueError, match="has dtype float16 but .* has float32; cast"):
+    mtf.Conv2dOperation(x, mtf.cast(f, tf.float16), [1, 1, 1, 1], "SAME")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"strides": [1, 1, 1]}, "strides must be a list of 4"),
+    ({"strides": [2, 1, 1, 1]}, "1 for the batch and channel dims"),
+    ({"padding": "FULL"}, "padding must be one of"),
+])
+def test_conv_with_bad_strides_or_padding_raises(kwargs, message):
+  x, f = _graph_tensors("b:2;h:4;w:4;c:3", "fh:3;fw:3;c:3;o:5")
+  args = {"strides": [1, 1, 1, 1], "padding": "SAME", **kwargs}
+  with pytest.raises(ValueError, match=message):
+    mtf.Conv2dOperation(x, f, args["strides"], args["padding"])
+
+
+def test_conv_with_wrong_ranks_or_oversized_valid_filter_raises():
+  x, f = _graph_tensors("h:4;w:4", "fh:3;fw:3;c:3;o:5")
+  with pytest.raises(ValueError, match="at least 4 dims"):
+    mtf.Conv3dOperation(x, f, None, "SAME")
+  x, f = _graph_tensors("b:2;h:2;w:4;c:3", "fh:3;fw:3;c:3;o:5")
+  with pytest.raises(ValueError, match="output dim h would be empty"):
+    mtf.Conv2dOperation(x, f, None, "VALID")
+
+
+@pytest.mark.parametrize("layout, role", [("h:all", "h"), ("w:all", "w"), ("fh:all", "fh"), ("fw:all", "fw")])
+def test_conv_along_split_spatial_dim_raises_and_suggests_halo_exchange(layout, role):
+  def build(mesh):
+    x = mtf.zeros(mesh, "b:2;h:4;w:4;c:3")
+    f = mtf.zeros(mesh, "fh:2;fw:2;c:3;o:5")
+    return [mtf.Conv2dOperation(x, f, [1, 1, 1, 1], "SAME").outputs[0]]
+  with pytest.raises(ValueError, match=f"can't slice along dimension {role}:.*halo_exchange"):
+    lower_and_evaluate(build, "all:2", layout)
+
+
+def test_conv3d_backprop_along_split_depth_raises():
+  def build(mesh):
+    x = mtf.zeros(mesh, "b:2;d:4;h:4;w:4;c:3")
+    f = mtf.zeros(mesh, "fd:3;fh:3;fw:3;c:3;o:5")
+    dy = mtf.zeros(mesh, "b:2;d:4;h:4;w:4;o:5")
+    return [mtf.conv3d_backprop_input(x.shape, f, dy, None, "SAME")]
+  with pytest.raises(ValueError, match="can't slice along dimension d:"):
+    lower_and_evaluate(build, "all:2", "d:all")
