@@ -59,14 +59,17 @@ class PlacementMeshImpl(MeshImpl):
       return cls(tensor_list)
 
   class LaidOutVariable:
-    """A master variable plus one slice variable per processor (not checkpointed)."""
+    """A master variable plus one slice variable per processor (slices are not checkpointed).
+
+    The graph reads each slice once (a snapshot) and every assignment waits for those reads, so a
+    step that both reads and updates a variable sees its old value everywhere. In eager mode the
+    copies between master and slices run when they are asked for.
+    """
 
     def __init__(self, variable, mesh_impl):
       self._variable = variable
       self._mesh_impl = mesh_impl
       shape = variable.outputs[0].shape
-      slice_shape = mesh_impl.slice_shape(shape)
-      base_name = variable.name
       master_device = getattr(variable, "master_device", None) or ""
       self._slice_is_master = (
           mesh_impl.size == 1
@@ -75,45 +78,48 @@ class PlacementMeshImpl(MeshImpl):
           and mesh_impl.devices[0] in ("", master_device))
       if self._slice_is_master:
         self._slices = [variable.get_master()]
-        self._copy_master_to_slices = tf.group([])
-        self._copy_slices_to_master = tf.group([])
+        self._copy_master_to_slices_fn = self._copy_slices_to_master_fn = lambda: tf.group([])
       else:
-        slices = []
+        slice_shape = mesh_impl.slice_shape(shape)
+        self._slices = []
         for pnum, device in enumerate(mesh_impl.devices):
           with tf.device(device):
-            slices.append(tf.get_variable(
-                base_name + "_slice_%d" % pnum, slice_shape, dtype=variable.slice_dtype,
+            self._slices.append(tf.get_variable(
+                variable.name + "_slice_%d" % pnum, slice_shape, dtype=variable.slice_dtype,
                 collections=[], initializer=tf.zeros_initializer(), use_resource=True))
-        self._slices = slices
-        self._copy_master_to_slices = self._generate_copy_master_to_slices_op(
-            variable.get_master(), shape, slices, slice_shape)
-        self._copy_slices_to_master = variable.assign_to_master(
-            mesh_impl.combine_slices(
-                [tf.cast(s, variable.master_dtype) for s in slices], shape,
-                device=master_device))
-      # Reads are snapshots taken once; assignments wait for them, so a step that both reads and
-      # updates a variable (loss + train op in one session.run) sees the old value everywhere.
-      self._reads = []
-      for device, slice_var in zip(mesh_impl.devices, self._slices):
-        with tf.device(device):
-          self._reads.append(slice_var.read_value() if hasattr(slice_var, "read_value")
-                             else tf.identity(slice_var))
+        self._copy_master_to_slices_fn = lambda: self._assign_master_to_slices(shape)
+        self._copy_slices_to_master_fn = lambda: variable.assign_to_master(mesh_impl.combine_slices(
+            [tf.cast(s, variable.master_dtype) for s in self._slices], shape, device=master_device))
+      # Graph mode builds both copy ops once; eager mode runs the first copy now (it initialises
+      # the slices) and each later copy when it is asked for.
+      self._copy_master_to_slices = self._copy_master_to_slices_fn()
+      if not self._slice_is_master:
+        mesh_impl.copy_master_to_slice_ops.append(self._copy_master_to_slices)
+      self._copy_slices_to_master = None if tf.executing_eagerly() else self._copy_slices_to_master_fn()
+      self._reads = self.read().tensor_list
       self._laid_out_tensor = mesh_impl.LaidOutTensor(self._reads)
 
-    def _generate_copy_master_to_slices_op(self, master_variable, master_shape, slices, slice_shape):
+    def _assign_master_to_slices(self, master_shape):
       mesh_impl = self._mesh_impl
-      master_layout = mesh_impl.tensor_layout(master_shape)
-      if master_layout.is_fully_replicated:
-        values = [master_variable] * mesh_impl.size
+      master = self._variable.get_master()
+      if mesh_impl.tensor_layout(master_shape).is_fully_replicated:
+        values = [master] * mesh_impl.size
       else:
-        values = mesh_impl.make_slices(master_variable, master_shape)
+        values = mesh_impl.make_slices(master, master_shape)
       assign_ops = []
-      for pnum, (slice_var, value) in enumerate(zip(slices, values)):
-        with tf.device(mesh_impl.devices[pnum]):
+      for device, slice_var, value in zip(mesh_impl.devices, self._slices, values):
+        with tf.device(device):
           assign_ops.append(tf.assign(slice_var, tf.cast(value, self._variable.slice_dtype)))
-      op = tf.group(assign_ops)
-      mesh_impl.copy_master_to_slice_ops.append(op)
-      return op
+      return tf.group(assign_ops)
+
+    def read(self):
+      """A fresh read of every slice (ReadVariable uses it to see values assigned earlier)."""
+      reads = []
+      for device, slice_var in zip(self._mesh_impl.devices, self._slices):
+        with tf.device(device):
+          reads.append(slice_var.read_value() if hasattr(slice_var, "read_value")
+                       else tf.identity(slice_var))
+      return self._mesh_impl.LaidOutTensor(reads)
 
     def assign_to_slices(self, assign_fn, values):
       with tf.control_dependencies(None if tf.executing_eagerly() else self._reads):
@@ -126,10 +132,14 @@ class PlacementMeshImpl(MeshImpl):
 
     @property
     def copy_master_to_slices(self):
+      if tf.executing_eagerly():
+        return self._copy_master_to_slices_fn()
       return self._copy_master_to_slices
 
     @property
     def copy_slices_to_master(self):
+      if tf.executing_eagerly():
+        return self._copy_slices_to_master_fn()
       return self._copy_slices_to_master
 
     @property

@@ -1,3 +1,120 @@
-"""(being written)"""
+"""Random tensors and dropout. Processors holding the same slice draw the same values."""
 
-__all__ = []
+from __future__ import annotations
+
+import numbers
+from typing import Callable, Optional
+
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow._core.dims import Shape, convert_to_shape
+from mesh_tensorflow._core.operation import Operation
+from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._ops import binary as binary_ops
+from mesh_tensorflow._ops import elementwise as elementwise_ops
+
+__all__ = ["RandomOperation", "random_uniform", "random_normal", "dropout"]
+
+
+class RandomOperation(Operation):
+  """A tensor of random values drawn by `tf_fn(slice_shape, seed=..., **kwargs)` per slice."""
+
+  # A recomputation (recompute_grad) must see the same random values, so the op is shared, not cloned.
+  is_not_cloned = True
+
+  def __init__(self, mesh, shape: Shape, tf_fn: Callable, **kwargs):
+    super().__init__([], mesh=mesh, name=kwargs.get("name", "random"))
+    self._tf_fn = tf_fn
+    self._kwargs = kwargs
+    self._outputs = [Tensor(self, convert_to_shape(shape), tf.as_dtype(kwargs.get("dtype", tf.float32)))]
+    self._initialize_all_dimensions_as_splittable()
+
+  def lower(self, lowering):
+    mesh_impl = lowering.mesh_impl(self)
+    out = self.outputs[0]
+    lowering.set_tensor_lowering(out, mesh_impl.random(out.shape, self._tf_fn, self._kwargs))
+
+
+def random_uniform(mesh, shape, **kwargs) -> Tensor:
+  """Uniform values in [minval, maxval) (default [0, 1)); kwargs as for tf.random.uniform, without seed."""
+  dtype = tf.as_dtype(kwargs.get("dtype", tf.float32))
+  if dtype.is_integer and kwargs.get("maxval") is None:
+    raise ValueError(f"random_uniform of {shape}: integer dtype {dtype.name} needs an explicit maxval.")
+  return RandomOperation(mesh, convert_to_shape(shape), tf.random.uniform, **kwargs).outputs[0]
+
+
+def random_normal(mesh, shape, **kwargs) -> Tensor:
+  """Normal values (default mean 0, stddev 1); kwargs as for tf.random.normal, without seed."""
+  dtype = tf.as_dtype(kwargs.get("dtype", tf.float32))
+  if not dtype.is_floating:
+    raise ValueError(f"random_normal of {shape}: dtype must be floating, got {dtype.name}.")
+  return RandomOperation(mesh, convert_to_shape(shape), tf.random.normal, **kwargs).outputs[0]
+
+
+def dropout(x: Tensor, is_training=True, *args, keep_prob=None, rate=None, noise_shape=None,
+            name: Optional[str] = None) -> Tensor:
+  """Zeroes each element with probability rate (= 1 - keep_prob), scaling float x by 1/keep_prob.
+
+  Both signatures of mesh_tensorflow are accepted:
+    dropout(x, is_training, keep_prob=None, rate=None, noise_shape=None, name=None)  (0.1.19+)
+    dropout(x, keep_prob=None, rate=None, noise_shape=None, name=None)  (up to 0.1.18)
+  A float (or float Tensor) second argument is the old keep_prob; is_training defaults to True.
+
+  Args:
+    x: the tensor to drop elements of.
+    is_training: dropout is the identity unless this is true.
+    keep_prob / rate: exactly one must be given.
+    noise_shape: a subset of x's dims; elements differing only in the other dims are dropped together.
+    name: variable scope of the dropout ops (default "dropout").
+  """
+  if _is_keep_prob(is_training):  # the old signature: positional arguments start at keep_prob
+    args, is_training = (is_training,) + args, True
+  names = ("keep_prob", "rate", "noise_shape", "name")
+  if len(args) > len(names):
+    raise TypeError(f"dropout() got {len(args)} positional arguments for {names}.")
+  positional = dict(zip(names, args))
+  keep_prob = _merge_arg("keep_prob", positional.get("keep_prob"), keep_prob)
+  rate = _merge_arg("rate", positional.get("rate"), rate)
+  noise_shape = _merge_arg("noise_shape", positional.get("noise_shape"), noise_shape)
+  name = _merge_arg("name", positional.get("name"), name)
+  if (keep_prob is None) == (rate is None):
+    raise ValueError(f"dropout of {x.name!r}: give exactly one of keep_prob and rate "
+                     f"(got keep_prob={keep_prob!r}, rate={rate!r}).")
+  if keep_prob is None:
+    keep_prob = 1.0 - rate
+  if isinstance(keep_prob, numbers.Real) and not 0.0 < keep_prob <= 1.0:
+    raise ValueError(f"dropout of {x.name!r}: keep_prob must be in (0, 1] (rate in [0, 1)), "
+                     f"got keep_prob={keep_prob}.")
+  noise_shape = _check_noise_shape(x, convert_to_shape(noise_shape))
+  with tf.variable_scope(name, default_name="dropout"):
+    if not is_training or (isinstance(keep_prob, numbers.Real) and keep_prob == 1.0):
+      return x
+    noise_dtype = x.dtype if x.dtype.is_floating else tf.float32
+    uniform = random_uniform(x.mesh, noise_shape, dtype=noise_dtype)
+    noise = elementwise_ops.cast(binary_ops.less(uniform, keep_prob), x.dtype)
+    if x.dtype.is_floating:
+      noise = binary_ops.divide(noise, keep_prob)
+    return binary_ops.multiply(x, noise, output_shape=x.shape)
+
+
+def _is_keep_prob(value) -> bool:
+  """Whether dropout's second argument is a keep probability (old signature), not is_training."""
+  if isinstance(value, (Tensor, tf.Tensor)):
+    return value.dtype.is_floating
+  return isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+
+
+def _merge_arg(arg_name: str, positional, keyword):
+  if positional is not None and keyword is not None:
+    raise TypeError(f"dropout() got multiple values for argument {arg_name!r}.")
+  return keyword if positional is None else positional
+
+
+def _check_noise_shape(x: Tensor, noise_shape: Optional[Shape]) -> Shape:
+  if noise_shape is None:
+    return x.shape
+  extra = [d for d in noise_shape.dims if d not in x.shape.dims]
+  if extra:
+    raise ValueError(f"dropout of {x.name!r}: noise_shape {noise_shape} has dims {extra} that are not in "
+                     f"x's shape {x.shape}; noise_shape must be a subset of x's dims.")
+  return noise_shape

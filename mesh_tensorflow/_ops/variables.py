@@ -164,7 +164,7 @@ class ReadVariable(Operation):
     laid_out_variable = lowering.variables[self._var]
     lowering.set_tensor_lowering(
         self.outputs[0],
-        mesh_impl.slicewise(tf.cast, laid_out_variable.laid_out_tensor, self._var.activation_dtype))
+        mesh_impl.slicewise(tf.cast, laid_out_variable.read(), self._var.activation_dtype))
 
 
 def read_variable(var: Variable) -> Tensor:
