@@ -1,3 +1,215 @@
-"""(being written)"""
+"""Einsum: multiply named tensors (broadcast to the union of their dims) and sum to an output shape.
 
-__all__ = []
+This is the contraction workhorse: matmul, elementwise multiply, transpose, gather and many
+reductions are einsums. Dimensions are matched by name; a reduced dimension that is split over
+a mesh dimension leaves partial sums, which are summed by a (lazy) allreduce.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import string
+from typing import Optional, Sequence
+
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow._core.dims import Dimension, Shape, convert_to_shape
+from mesh_tensorflow._core.operation import Operation
+from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._lowering.lazy import LazyAllreduceSum
+from mesh_tensorflow._lowering.mesh_impl import expand_dims_to
+from mesh_tensorflow._ops import reduce as reduce_ops
+
+__all__ = ["EinsumOperation", "einsum", "matmul"]
+
+
+class EinsumOperation(Operation):
+  """Broadcasts all inputs to the union of their dimensions, multiplies, and sums to `output_shape`.
+
+  Output dimensions present in no input are filled by broadcasting the result.
+  """
+
+  def __init__(self, inputs: Sequence[Tensor], output_shape, name: Optional[str] = None):
+    inputs = list(inputs)
+    output_shape = convert_to_shape(output_shape)
+    _check_has_inputs(inputs, name)
+    _check_are_tensors(inputs, name)
+    op_name = inputs[0].graph.unique_name(name or "einsum", mark_as_used=False)
+    _check_same_dtype(inputs, op_name)
+    _check_input_dim_sizes_agree(inputs, op_name)
+    _check_output_dims_are_broadcastable(inputs, output_shape, op_name)
+    super().__init__(inputs, name=name or "einsum")
+    self._outputs = [Tensor(self, output_shape, inputs[0].dtype)]
+    self._initialize_all_dimensions_as_splittable()
+
+  def gradient(self, grad_ys):
+    dy = grad_ys[0]
+    xs = self.inputs
+    return [einsum([dy] + xs[:i] + xs[i + 1:], output_shape=x.shape) for i, x in enumerate(xs)]
+
+  def lower(self, lowering):
+    mesh_impl = lowering.mesh_impl(self)
+    input_shapes = [x.shape for x in self.inputs]
+    output_shape = self.outputs[0].shape
+    input_dims = _dims_in_order_of_appearance(input_shapes)
+    computed_shape = Shape([d for d in output_shape if d in input_dims])
+    union_shape = Shape(input_dims)
+    slice_fn, reduced_mesh_axes = _einsum_slice_fn(
+        input_shapes, computed_shape, union_shape, self.outputs[0].dtype, mesh_impl)
+    y = mesh_impl.slicewise(slice_fn, *[lowering.tensors[x] for x in self.inputs])
+    if reduced_mesh_axes:
+      def add_counter_fn():
+        lowering.add_counter("allreduce/%s/einsum_op" % reduced_mesh_axes,
+                             mesh_impl.laid_out_size(computed_shape))
+      y = LazyAllreduceSum(mesh_impl, y, reduced_mesh_axes, add_counter_fn=add_counter_fn)
+    if computed_shape != output_shape:
+      y = mesh_impl.broadcast_impl(y, computed_shape, output_shape)
+    lowering.set_tensor_lowering(self.outputs[0], y)
+    lowering.add_counter("einsum", mesh_impl.laid_out_size(union_shape))
+    lowering.add_counter("einsum_unique", union_shape.size)
+
+
+def einsum(xs: Sequence[Tensor], output_shape=None, reduced_dims=None,
+           name: Optional[str] = None) -> Tensor:
+  """Einstein summation over named dimensions.
+
+  Output shape when not given: with neither argument, the dims that appear in exactly one input
+  (in order of first appearance), so einsum([a, b]) contracts shared dims like a matmul; with only
+  `reduced_dims`, every input dim except those.
+
+  Example: einsum([x, w], reduced_dims=[d_model]) with x [batch, d_model], w [d_model, d_ff]
+  gives [batch, d_ff].
+
+  Raises:
+    ValueError: reduced_dims holds a non-Dimension, or contradicts output_shape; inputs differ in
+      dtype or in the size of a same-named dimension; no inputs.
+    TypeError: an input is not an mtf Tensor.
+  """
+  xs = list(xs)
+  _check_are_tensors(xs, name)
+  output_shape = convert_to_shape(output_shape)
+  if reduced_dims is not None:
+    reduced_dims = list(reduced_dims)
+    _check_reduced_dims_are_dimensions(reduced_dims, name)
+  _check_input_dim_sizes_agree(xs, name or "einsum")  # before a default output Shape repeats a name
+  counts = collections.Counter(d for x in xs for d in x.shape.dims)
+  input_dims = list(counts)  # Counter keeps first-appearance order
+  if output_shape is None:
+    if reduced_dims is None:
+      output_shape = Shape([d for d in input_dims if counts[d] == 1])
+    else:
+      output_shape = Shape([d for d in input_dims if d not in reduced_dims])
+  elif reduced_dims is not None:
+    _check_reduced_dims_match_output(input_dims, output_shape, reduced_dims, name)
+  return EinsumOperation(xs, output_shape, name=name).outputs[0]
+
+
+def matmul(a: Tensor, b: Tensor, output_shape=None, reduced_dims=None,
+           name: Optional[str] = None) -> Tensor:
+  """einsum([a, b], ...): by default contracts the dimensions a and b share."""
+  return einsum([a, b], output_shape=output_shape, reduced_dims=reduced_dims, name=name)
+
+
+def _dims_in_order_of_appearance(shapes) -> list:
+  return list(dict.fromkeys(d for s in shapes for d in s.dims))
+
+
+def _einsum_equation(input_shapes, output_shape: Shape) -> str:
+  """E.g. "ab,bc->ac": one letter per dimension, assigned in order of first appearance."""
+  letters = {}
+  for d in _dims_in_order_of_appearance(list(input_shapes) + [output_shape]):
+    if len(letters) == len(string.ascii_letters):
+      raise ValueError(
+          f"einsum over more than {len(string.ascii_letters)} distinct dimensions is not supported "
+          f"(shapes {list(input_shapes)} -> {output_shape}); split it into several einsums.")
+    letters[d] = string.ascii_letters[len(letters)]
+  return "%s->%s" % (",".join("".join(letters[d] for d in s) for s in input_shapes),
+                     "".join(letters[d] for d in output_shape))
+
+
+def _einsum_slice_fn(input_shapes, output_shape: Shape, union_shape: Shape, dtype, mesh_impl):
+  """(per-slice fn, mesh axes of split reduced dims) computing `output_shape` (dims of the inputs).
+
+  If some shape already holds every dimension, broadcasting everything to it costs no extra memory,
+  so multiply-then-reduce is used (it avoids slow einsum kernels); integer dtypes always use it
+  (tf.einsum is float-only on some devices). Otherwise the backend's einsum is called.
+  """
+  full_shape = next((s for s in list(input_shapes) + [output_shape]
+                     if s.ndims == union_shape.ndims), None)
+  reduce_shape = full_shape or union_shape
+  reduce_fn, reduced_mesh_axes = reduce_ops.reduce_slice_fn_and_mesh_axes(
+      reduce_shape, output_shape, mesh_impl.tensor_layout(reduce_shape), "SUM")
+
+  def multiply_then_reduce(*slices):
+    expanded = [expand_dims_to(x, s, reduce_shape) for x, s in zip(slices, input_shapes)]
+    return reduce_fn(functools.reduce(tf.multiply, expanded))
+
+  if full_shape is not None or not dtype.is_floating:
+    return multiply_then_reduce, reduced_mesh_axes
+  equation = _einsum_equation(input_shapes, output_shape)
+  return (lambda *slices: mesh_impl.einsum(equation, *slices)), reduced_mesh_axes
+
+
+# ---- checks (one rule each) ----
+
+def _check_has_inputs(inputs, name) -> None:
+  if not inputs:
+    raise ValueError(f"einsum {name or 'einsum'!r} needs at least one input tensor, got none.")
+
+
+def _check_are_tensors(xs, name) -> None:
+  bad = [x for x in xs if not isinstance(x, Tensor)]
+  if bad:
+    raise TypeError(
+        f"einsum {name or 'einsum'!r}: inputs must be mtf Tensors, got {bad!r}; import TF values "
+        f"with mtf.import_tf_tensor, or multiply by a python scalar with `*`.")
+
+
+def _check_same_dtype(inputs, op_name: str) -> None:
+  dtypes = [x.dtype for x in inputs]
+  if any(d != dtypes[0] for d in dtypes):
+    raise ValueError(
+        f"einsum {op_name!r}: all inputs must have the same dtype, got "
+        f"{[(x.name, x.dtype.name) for x in inputs]}; cast them first (mtf.cast).")
+
+
+def _check_input_dim_sizes_agree(inputs, op_name: str) -> None:
+  seen = {}
+  for x in inputs:
+    for d in x.shape:
+      other = seen.setdefault(d.name, (d, x))
+      if other[0].size != d.size:
+        raise ValueError(
+            f"einsum {op_name!r}: dimension {d.name!r} has size {other[0].size} in {other[1].name!r} "
+            f"but size {d.size} in {x.name!r}; dimensions are matched by name, so give them equal "
+            f"sizes or different names (mtf.rename_dimension).")
+
+
+def _check_output_dims_are_broadcastable(inputs, output_shape: Shape, op_name: str) -> None:
+  """An output dim in no input is broadcast, unless an input has a dim of that name (sizes differ)."""
+  input_dims = {d.name: d for x in inputs for d in x.shape}
+  for d in output_shape:
+    other = input_dims.get(d.name)
+    if other is not None and other.size != d.size:
+      raise ValueError(
+          f"einsum {op_name!r}: output dimension {d.name!r} (size {d.size}) is in no input, and it "
+          f"cannot be broadcast because the inputs have {d.name!r} with size {other.size}; use "
+          f"size {other.size} in the output shape, or rename the output dimension.")
+
+
+def _check_reduced_dims_are_dimensions(reduced_dims, name) -> None:
+  bad = [d for d in reduced_dims if not isinstance(d, Dimension)]
+  if bad:
+    raise ValueError(
+        f"einsum {name or 'einsum'!r}: reduced_dims must be a list of mtf.Dimension, got "
+        f"{reduced_dims!r} (bad entries {bad!r}); pass e.g. [x.shape.get_dim_by_name('d_model')].")
+
+
+def _check_reduced_dims_match_output(input_dims, output_shape: Shape, reduced_dims, name) -> None:
+  computed = [d for d in input_dims if d not in output_shape.dims]
+  if set(computed) != set(reduced_dims):
+    raise ValueError(
+        f"einsum {name or 'einsum'!r}: reduced_dims={reduced_dims} contradicts "
+        f"output_shape={output_shape}: the input dims missing from the output are {computed}. "
+        f"Give only one of output_shape and reduced_dims, or make them agree.")

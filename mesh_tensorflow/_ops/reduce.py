@@ -1,3 +1,233 @@
-"""(being written)"""
+"""Reductions over named dimensions: sum, mean, max, min, all, any, logsumexp and softmax.
 
-__all__ = []
+Reducing a dimension that is split over a mesh dimension leaves one partial result per processor
+along it; SUM combines them with a lazy allreduce (so consecutive partial sums share one), MAX and
+MIN with an immediate allreduce.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow._core.dims import Dimension, Shape, convert_to_dimension, convert_to_shape
+from mesh_tensorflow._core.operation import Operation
+from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._lowering.lazy import LazyAllreduceSum
+from mesh_tensorflow._lowering.tf_helpers import reduction_fn
+from mesh_tensorflow._ops import binary as binary_ops
+from mesh_tensorflow._ops import control as control_ops
+from mesh_tensorflow._ops import elementwise as elementwise_ops
+
+__all__ = [
+    "ReduceOperation", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_all",
+    "reduce_any", "reduce_logsumexp", "log_softmax", "softmax",
+]
+
+_REDUCTIONS = ("SUM", "MAX", "MIN")
+
+
+class ReduceOperation(Operation):
+  """Reduces x to `output_shape` (a subset of its dims) with "SUM", "MAX" or "MIN" (any case)."""
+
+  def __init__(self, x: Tensor, output_shape, reduction_fn_string: str, name: Optional[str] = None):
+    output_shape = convert_to_shape(output_shape)
+    op_name = x.graph.unique_name(name or "reduce", mark_as_used=False)
+    reduction = _check_reduction(reduction_fn_string, op_name)
+    _check_output_dims_in_input(x, output_shape, op_name)
+    super().__init__([x], name=name or "reduce")
+    self._outputs = [Tensor(self, output_shape, x.dtype)]
+    self._reduction_fn_string = reduction
+    self._initialize_all_dimensions_as_splittable()
+
+  @property
+  def reduction_fn_string(self) -> str:
+    return self._reduction_fn_string
+
+  def gradient(self, grad_ys):
+    dy = grad_ys[0]
+    x, y = self.inputs[0], self.outputs[0]
+    if self._reduction_fn_string == "SUM":
+      return [binary_ops.broadcast(dy, x.shape)]
+    # MAX / MIN: the gradient flows to every position equal to the result (ties all get it).
+    return [elementwise_ops.cast(binary_ops.equal(x, y), x.dtype) * dy]
+
+  def lower(self, lowering):
+    mesh_impl = lowering.mesh_impl(self)
+    x, y = self.inputs[0], self.outputs[0]
+    slice_fn, reduced_mesh_axes = reduce_slice_fn_and_mesh_axes(
+        x.shape, y.shape, mesh_impl.tensor_layout(x.shape), self._reduction_fn_string)
+    result = mesh_impl.slicewise(slice_fn, lowering.tensors[x])
+    if reduced_mesh_axes:
+      def add_counter_fn():
+        lowering.add_counter("allreduce/%s/reduce_op" % reduced_mesh_axes, lowering.laid_out_size(y))
+      if self._reduction_fn_string == "SUM":
+        result = LazyAllreduceSum(mesh_impl, result, reduced_mesh_axes, add_counter_fn=add_counter_fn)
+      else:
+        result = mesh_impl.allreduce(result, reduced_mesh_axes, self._reduction_fn_string)
+        add_counter_fn()
+    lowering.set_tensor_lowering(y, result)
+
+
+def reduce_slice_fn_and_mesh_axes(input_shape: Shape, output_shape: Shape, input_layout,
+                                  reduction_fn_string: str):
+  """(fn reducing one slice of input_shape to output_shape's dim order, mesh axes of reduced dims).
+
+  The mesh axes are those the reduced dimensions are split over: the per-slice results are partial
+  and still need an allreduce over them.
+  """
+  reduced_axes = [i for i, d in enumerate(input_shape) if d not in output_shape.dims]
+  kept_shape = Shape([d for d in input_shape if d in output_shape.dims])
+  perm = [kept_shape.dims.index(d) for d in output_shape]
+  tf_reduce = reduction_fn(reduction_fn_string)
+
+  def slice_fn(x):
+    if reduced_axes:
+      x = tf_reduce(x, reduced_axes)
+    if perm != sorted(perm):
+      x = tf.transpose(x, perm)
+    return x
+  mesh_axes = [input_layout[i] for i in reduced_axes if input_layout[i] is not None]
+  return slice_fn, mesh_axes
+
+
+def _reduction_output_shape(x: Tensor, output_shape, reduced_dim, fn_name: str) -> Shape:
+  """Output of reducing x: x minus reduced_dim, else output_shape, else a scalar."""
+  output_shape = convert_to_shape(output_shape)
+  if reduced_dim is None:
+    return output_shape if output_shape is not None else Shape([])
+  reduced_dim = convert_to_dimension(reduced_dim)
+  _check_reduced_dim_in(x, reduced_dim, fn_name)
+  if output_shape is not None and output_shape != x.shape - reduced_dim:
+    raise ValueError(
+        f"{fn_name}: reduced_dim={reduced_dim} contradicts output_shape={output_shape} for x "
+        f"{x.shape}; removing reduced_dim gives {x.shape - reduced_dim}. Pass only one of them.")
+  return x.shape - reduced_dim
+
+
+def _reduce(x: Tensor, disable_positional_args, output_shape, reduced_dim, name,
+            reduction: str, fn_name: str) -> Tensor:
+  _check_no_positional_args(disable_positional_args, fn_name)
+  output_shape = _reduction_output_shape(x, output_shape, reduced_dim, fn_name)
+  if output_shape == x.shape:
+    return x
+  return ReduceOperation(x, output_shape, reduction, name=name).outputs[0]
+
+
+def reduce_sum(x: Tensor, disable_positional_args=None, output_shape=None, reduced_dim=None,
+               name: Optional[str] = None) -> Tensor:
+  """Sum of x over the dims not in output_shape (or over reduced_dim; or all, giving a scalar).
+
+  Keyword-only by convention: reduce_sum(x, reduced_dim=d) or reduce_sum(x, output_shape=s).
+  """
+  return _reduce(x, disable_positional_args, output_shape, reduced_dim, name, "SUM", "reduce_sum")
+
+
+def reduce_mean(x: Tensor, disable_positional_args=None, output_shape=None, reduced_dim=None,
+                name: Optional[str] = None) -> Tensor:
+  """Mean of x over the reduced dims (a sum scaled by output size / input size)."""
+  _check_no_positional_args(disable_positional_args, "reduce_mean")
+  output_shape = _reduction_output_shape(x, output_shape, reduced_dim, "reduce_mean")
+  with tf.variable_scope(name, default_name="reduce_mean"):
+    if output_shape == x.shape:
+      return x
+    return reduce_sum(x, output_shape=output_shape) * (output_shape.size / x.shape.size)
+
+
+def reduce_max(x: Tensor, disable_positional_args=None, output_shape=None, reduced_dim=None,
+               name: Optional[str] = None) -> Tensor:
+  """Maximum of x over the reduced dims."""
+  return _reduce(x, disable_positional_args, output_shape, reduced_dim, name, "MAX", "reduce_max")
+
+
+def reduce_min(x: Tensor, disable_positional_args=None, output_shape=None, reduced_dim=None,
+               name: Optional[str] = None) -> Tensor:
+  """Minimum of x over the reduced dims."""
+  return _reduce(x, disable_positional_args, output_shape, reduced_dim, name, "MIN", "reduce_min")
+
+
+def reduce_all(x: Tensor, disable_positional_args=None, output_shape=None, reduced_dim=None,
+               name: Optional[str] = None) -> Tensor:
+  """Logical AND of boolean x over the reduced dims (a float min, cast back to bool)."""
+  _check_no_positional_args(disable_positional_args, "reduce_all")
+  return elementwise_ops.cast(
+      reduce_min(elementwise_ops.to_float(x), output_shape=output_shape, reduced_dim=reduced_dim,
+                 name=name), tf.bool)
+
+
+def reduce_any(x: Tensor, disable_positional_args=None, output_shape=None, reduced_dim=None,
+               name: Optional[str] = None) -> Tensor:
+  """Logical OR of boolean x over the reduced dims (a float max, cast back to bool)."""
+  _check_no_positional_args(disable_positional_args, "reduce_any")
+  return elementwise_ops.cast(
+      reduce_max(elementwise_ops.to_float(x), output_shape=output_shape, reduced_dim=reduced_dim,
+                 name=name), tf.bool)
+
+
+def reduce_logsumexp(x: Tensor, reduced_dim, extra_logit=None, name: Optional[str] = None) -> Tensor:
+  """log(sum(exp(x))) over reduced_dim, computed stably by subtracting the maximum first.
+
+  `extra_logit` (a scalar or a Tensor without reduced_dim) acts as one more logit in the sum.
+  The maximum goes through stop_gradient: it cancels out mathematically, so it carries no gradient
+  (extra_logit itself does get its gradient, through its term of the sum).
+  """
+  reduced_dim = convert_to_dimension(reduced_dim)
+  _check_reduced_dim_in(x, reduced_dim, "reduce_logsumexp")
+  with tf.variable_scope(name, default_name="reduce_logsumexp"):
+    reduced_shape = x.shape - reduced_dim
+    max_logit = reduce_max(control_ops.stop_gradient(x), output_shape=reduced_shape)
+    if extra_logit is not None:
+      stopped = (control_ops.stop_gradient(extra_logit) if isinstance(extra_logit, Tensor)
+                 else extra_logit)
+      max_logit = binary_ops.maximum(max_logit, stopped)
+    sum_exp_x = reduce_sum(elementwise_ops.exp(x - max_logit), output_shape=reduced_shape)
+    if extra_logit is not None:
+      sum_exp_x += elementwise_ops.exp(extra_logit - max_logit)
+    return elementwise_ops.log(sum_exp_x) + max_logit
+
+
+def log_softmax(x: Tensor, reduced_dim, extra_logit=None, name: Optional[str] = None) -> Tensor:
+  """x - logsumexp(x) over reduced_dim."""
+  return x - reduce_logsumexp(x, reduced_dim, extra_logit=extra_logit, name=name)
+
+
+def softmax(x: Tensor, reduced_dim, extra_logit=None, name: Optional[str] = None) -> Tensor:
+  """exp(log_softmax(x)) over reduced_dim."""
+  with tf.variable_scope(name, default_name="softmax"):
+    return elementwise_ops.exp(log_softmax(x, reduced_dim, extra_logit=extra_logit))
+
+
+# ---- checks (one rule each) ----
+
+def _check_no_positional_args(disable_positional_args, fn_name: str) -> None:
+  if disable_positional_args is not None:
+    raise TypeError(
+        f"{fn_name} takes its options by keyword only; got a second positional argument "
+        f"{disable_positional_args!r}. Write {fn_name}(x, reduced_dim=...) or "
+        f"{fn_name}(x, output_shape=...).")
+
+
+def _check_reduced_dim_in(x: Tensor, reduced_dim: Dimension, fn_name: str) -> None:
+  if reduced_dim not in x.shape.dims:
+    raise ValueError(
+        f"{fn_name}: reduced_dim={reduced_dim} is not a dimension of {x.name!r} {x.shape}; "
+        f"pick one of {x.shape.dims} (names and sizes must both match).")
+
+
+def _check_reduction(reduction_fn_string: str, op_name: str) -> str:
+  reduction = str(reduction_fn_string).upper()
+  if reduction not in _REDUCTIONS:
+    raise ValueError(
+        f"ReduceOperation {op_name!r}: unknown reduction {reduction_fn_string!r}; use one of "
+        f"{list(_REDUCTIONS)} (any case).")
+  return reduction
+
+
+def _check_output_dims_in_input(x: Tensor, output_shape: Shape, op_name: str) -> None:
+  extra = [d for d in output_shape if d not in x.shape.dims]
+  if extra:
+    raise ValueError(
+        f"reduce {op_name!r}: output_shape {output_shape} has dimensions {extra} that are not in "
+        f"the input {x.name!r} {x.shape}; a reduction can only drop dimensions (use mtf.broadcast "
+        f"to add some).")
