@@ -15,7 +15,6 @@ import os
 import sys
 import time
 
-import numpy as np
 import tensorflow as tf2
 import tensorflow.compat.v1 as tf
 
