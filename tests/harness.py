@@ -68,8 +68,10 @@ def lower_and_evaluate(build_fn: Callable, mesh_shape="all:1", layout="", mode: 
     with tf.Graph().as_default():
       lowering, tf_outputs = build_and_lower()
       with tf.Session(config=session_config()) as sess:
-        sess.run([tf.global_variables_initializer(), tf.local_variables_initializer()])
-        sess.run(lowering.copy_masters_to_slices())
+        init = [tf.global_variables_initializer(), tf.local_variables_initializer()]
+        copy_masters = lowering.copy_masters_to_slices()  # built before the graph first runs
+        sess.run(init)
+        sess.run(copy_masters)
         return sess.run(tf_outputs)
   if mode == "eager":
     _, tf_outputs = build_and_lower()

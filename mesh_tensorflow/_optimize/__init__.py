@@ -1,0 +1,1 @@
+"""Optimizer implementations behind the public `mesh_tensorflow.optimize` facade."""

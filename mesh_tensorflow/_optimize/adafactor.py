@@ -1,0 +1,172 @@
+"""Adafactor (Shazeer & Stern 2018): factored second moments, update clipping, relative step size."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import gin
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow import layers
+from mesh_tensorflow import ops_with_redefined_builtins as mtf
+from mesh_tensorflow._optimize import base, schedules
+
+__all__ = [
+    "AdafactorOptimizer", "AdafactorWithMultiLRSchedule", "adafactor_optimizer_from_hparams",
+    "make_optimizer",
+]
+
+
+@gin.configurable(module=base._GIN_MODULE)
+class AdafactorOptimizer(base.Optimizer):
+  """Adafactor.
+
+  Second moments of a variable whose two largest (non-stacked) dimensions d0, d1 both have at
+  least `min_dim_size_to_factor` entries are factored: slot `var.name + "_slot_vr"` (shape
+  var - d0) holds g² averaged over d0, `"_slot_vc"` (var - d1) g² averaged over d1, and
+  v ~ vr * vc / mean_d1(vr). Smaller variables keep the full `"_slot_v"`. With beta1, `"_slot_m"`
+  holds momentum of the scaled update. Per step (decay rate d, learning rate lr):
+    x = g / sqrt(v);  x /= max(1, rms(x) / clipping_threshold);
+    var -= x * lr * max(rms(var), epsilon2)   (or x * lr without multiply_by_parameter_scale).
+  """
+
+  def __init__(self, multiply_by_parameter_scale: bool = True, learning_rate=None, decay_rate=None,
+               beta1: float = 0.0, clipping_threshold: Optional[float] = 1.0, factored: bool = True,
+               epsilon1: float = 1e-30, epsilon2: float = 1e-3, min_dim_size_to_factor: int = 128,
+               stacked_dim_names: Optional[Sequence[str]] = None,
+               exclude_from_parameter_scale: Optional[Sequence[str]] = None):
+    self._multiply_by_parameter_scale = multiply_by_parameter_scale
+    if learning_rate is None:
+      learning_rate = self._learning_rate_default(multiply_by_parameter_scale)
+    self._learning_rate = learning_rate
+    if decay_rate is None:
+      decay_rate = self._decay_rate_default()
+    self._decay_rate = decay_rate
+    self._beta1 = beta1
+    self._clipping_threshold = clipping_threshold
+    self._factored = factored
+    self._epsilon1 = epsilon1
+    self._epsilon2 = epsilon2
+    self._min_dim_size_to_factor = min_dim_size_to_factor
+    self._stacked_dim_names = set(stacked_dim_names or [])
+    self._exclude_from_parameter_scale = list(exclude_from_parameter_scale or [])
+
+  def _learning_rate_for(self, var):
+    return self._learning_rate
+
+  def _factored_dims(self, shape: mtf.Shape) -> Optional[list]:
+    """[d0, d1], the two largest non-stacked dims, if the second has >= min_dim_size_to_factor; else None."""
+    if not self._factored or shape.ndims < 2:
+      return None
+    sorted_dims = sorted(shape.dims, key=lambda d: -d.size)
+    sorted_dims = [d for d in sorted_dims if d.name not in self._stacked_dim_names]
+    if len(sorted_dims) < 2 or sorted_dims[1].size < self._min_dim_size_to_factor:
+      return None
+    return sorted_dims[:2]
+
+  def _parameter_scale(self, var) -> mtf.Tensor:
+    """max(rms(var), epsilon2): the floor lets zero-initialised variables move."""
+    if isinstance(var, mtf.Variable):
+      var = var.value
+    return mtf.maximum(base.reduce_rms(mtf.to_float(var)), self._epsilon2)
+
+  def _uses_parameter_scale(self, var) -> bool:
+    return self._multiply_by_parameter_scale and not any(
+        s in var.name for s in self._exclude_from_parameter_scale)
+
+  def apply_grad(self, grad, var) -> list:
+    if base.warn_if_no_gradient(grad, var):
+      return []
+    var = base.as_variable(var)
+    grad = mtf.to_float(grad)
+    factored_dims = self._factored_dims(var.shape)
+    if factored_dims:
+      d0, d1 = factored_dims
+      vr = base.slot_variable(var, "_slot_vr", var.shape - d0)
+      vc = base.slot_variable(var, "_slot_vc", var.shape - d1)
+    else:
+      v = base.slot_variable(var, "_slot_v")
+    if self._beta1:
+      m = base.slot_variable(var, "_slot_m")
+
+    with tf.variable_scope(var.name + "/adafactor"):
+      learning_rate = base.scalar_as(self._learning_rate_for(var), tf.float32)
+      decay_rate = base.scalar_as(self._decay_rate, tf.float32)
+      mixing_rate = 1.0 - decay_rate
+      grad_squared = mtf.square(grad) + self._epsilon1
+      if self._uses_parameter_scale(var):
+        update_scale = self._parameter_scale(var) * learning_rate
+      else:
+        update_scale = learning_rate
+      updates = []
+      if factored_dims:
+        new_vr = vr * decay_rate + mtf.reduce_mean(grad_squared, output_shape=vr.shape) * mixing_rate
+        new_vc = vc * decay_rate + mtf.reduce_mean(grad_squared, output_shape=vc.shape) * mixing_rate
+        updates += [mtf.assign(vr, new_vr), mtf.assign(vc, new_vc)]
+        long_term_mean = mtf.reduce_mean(new_vr, reduced_dim=d1)
+        x = grad * mtf.rsqrt(new_vr / long_term_mean) * mtf.rsqrt(new_vc)
+      else:
+        new_v = v * decay_rate + grad_squared * mixing_rate
+        updates.append(mtf.assign(v, new_v))
+        x = grad * mtf.rsqrt(new_v)
+      if self._clipping_threshold is not None:
+        x /= mtf.maximum(1.0, base.reduce_rms(x) / self._clipping_threshold)
+      subtrahend = x * update_scale
+      if self._beta1:
+        subtrahend = m * self._beta1 + subtrahend * (1.0 - self._beta1)
+        updates.append(mtf.assign(m, subtrahend))
+      # assign_sub (not assign(var - x)): a bfloat16 slice is rounded once per step, not twice.
+      updates.append(mtf.assign_sub(var, subtrahend))
+      return updates
+
+  def _decay_rate_default(self):
+    return schedules.adafactor_decay_rate_pow()
+
+  def _learning_rate_default(self, multiply_by_parameter_scale: bool):
+    """min(1/sqrt(step + 1), 0.01), times 0.05 for absolute steps without unit scaling."""
+    learning_rate = tf.minimum(tf.math.rsqrt(base.float_global_step() + 1.0), 0.01)
+    if not multiply_by_parameter_scale and not layers.unit_scaling_convention():
+      learning_rate *= 0.05
+    return learning_rate
+
+
+@gin.configurable(module=base._GIN_MODULE)
+class AdafactorWithMultiLRSchedule(schedules.MultiLRScheduleMixin, AdafactorOptimizer):
+  """AdafactorOptimizer with per-variable learning-rate schedules (see compute_lr_for_step).
+
+  Variables whose name matches the regex variable_search[i] use alt_lr_schedules[i]; the others
+  use `learning_rate` (or Adafactor's default).
+  """
+
+  def __init__(self, variable_search: Optional[Sequence[str]] = None,
+               alt_lr_schedules: Optional[Sequence] = None, **kwargs):
+    super().__init__(**kwargs)
+    self._init_multi_lr(variable_search, alt_lr_schedules, self._learning_rate)
+
+
+def adafactor_optimizer_from_hparams(hparams, lr) -> AdafactorOptimizer:
+  """An AdafactorOptimizer from tensor2tensor-style `optimizer_adafactor_*` hparams."""
+  if hparams.optimizer_adafactor_decay_type == "Adam":
+    decay_rate = schedules.adafactor_decay_rate_adam(hparams.optimizer_adafactor_beta2)
+  elif hparams.optimizer_adafactor_decay_type == "pow":
+    decay_rate = schedules.adafactor_decay_rate_pow(hparams.optimizer_adafactor_memory_exponent)
+  else:
+    raise ValueError(f"unknown optimizer_adafactor_decay_type "
+                     f"{hparams.optimizer_adafactor_decay_type!r}; use 'Adam' or 'pow'.")
+  return AdafactorOptimizer(
+      multiply_by_parameter_scale=hparams.optimizer_adafactor_multiply_by_parameter_scale,
+      learning_rate=lr,
+      decay_rate=decay_rate,
+      beta1=hparams.optimizer_adafactor_beta1,
+      clipping_threshold=hparams.optimizer_adafactor_clipping_threshold,
+      factored=hparams.optimizer_adafactor_factored)
+
+
+def make_optimizer(hparams, lr) -> base.Optimizer:
+  """The optimizer named by hparams.optimizer: "SGD" or "Adafactor"."""
+  if hparams.optimizer == "SGD":
+    return base.SgdOptimizer(lr)
+  if hparams.optimizer == "Adafactor":
+    return adafactor_optimizer_from_hparams(hparams, lr)
+  raise ValueError(f"Unknown Optimizer {hparams.optimizer!r}; make_optimizer knows 'SGD' and "
+                   f"'Adafactor' (build other optimizers directly).")
