@@ -69,7 +69,7 @@ def build_train_step(mesh, images, labels, batch_size: int, hidden_size: int, le
 
   variables = mesh.graph.trainable_variables
   grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-  updates = [mtf.assign_sub(v, g * learning_rate) for v, g in zip(variables, grads)]
+  updates = mtf.optimize.SgdOptimizer(learning_rate).apply_grads(grads, variables)
   return loss, accuracy, updates
 
 
