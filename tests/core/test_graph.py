@@ -31,7 +31,8 @@ def test_operation_registers_itself_and_names_outputs():
   y = mtf.zeros(mesh, "a:2")
   assert [op.name for op in g.operations] == ["constant", "constant_1"]
   assert x.name == "constant:0" and y.name == "constant_1:0"
-  assert x.operation.to_string == "Constant[Inputs=() Outputs=(Tensor[constant:0, Shape[a=2], <dtype: 'float32'>])]"
+  assert x.operation.to_string == (
+      "Constant[Inputs=() Outputs=(Tensor[constant:0, Shape[a=2], <dtype: 'float32'>])]")
 
 
 def test_operation_without_inputs_or_mesh_raises():
