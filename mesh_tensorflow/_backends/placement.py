@@ -12,6 +12,7 @@ import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._backends import ring_collectives
 from mesh_tensorflow._core.layout import processor_groups
+from mesh_tensorflow._lowering import laid_out
 from mesh_tensorflow._lowering.lazy import convert_args_to_laid_out_tensors
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
 from mesh_tensorflow._lowering.tf_helpers import parallel, transpose_list_of_lists
@@ -30,33 +31,8 @@ class PlacementMeshImpl(MeshImpl):
     self._devices = devices
     self.copy_master_to_slice_ops = []
 
-  class LaidOutTensor:
+  class LaidOutTensor(laid_out.LaidOutTensor):
     """One tf.Tensor per processor, in pnum order."""
-
-    def __init__(self, tensor_list):
-      self._tensor_list = list(tensor_list)
-
-    def __repr__(self):
-      return "[" + ",".join(str(t) for t in self._tensor_list) + "]"
-
-    @property
-    def tensor_list(self):
-      return self._tensor_list
-
-    @property
-    def all_slices(self):
-      return self._tensor_list
-
-    @property
-    def slice_shape(self):
-      return self._tensor_list[0].shape.as_list()
-
-    def to_laid_out_tensor(self):
-      return self
-
-    @classmethod
-    def from_tensor_list(cls, tensor_list):
-      return cls(tensor_list)
 
   class LaidOutVariable:
     """A master variable plus one slice variable per processor (slices are not checkpointed).

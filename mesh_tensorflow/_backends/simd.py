@@ -17,6 +17,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow import tpu_variables
 from mesh_tensorflow._core.layout import (
     pnum_to_processor_coordinates, processor_coordinates_to_pnum, processor_groups)
+from mesh_tensorflow._lowering import laid_out
 from mesh_tensorflow._lowering.lazy import convert_args_to_laid_out_tensors
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
 from mesh_tensorflow._lowering.tf_helpers import outside_all_rewrites, parallel, reduction_fn
@@ -95,38 +96,16 @@ class SimdMeshImpl(MeshImpl):
   def p2l(self, physical_pnum: int) -> int:
     return self._physical_to_logical[physical_pnum]
 
-  class LaidOutTensor:
+  class LaidOutTensor(laid_out.LaidOutTensor):
     """This replica's slice (a one-element tensor list)."""
 
     def __init__(self, tensor_list):
       assert isinstance(tensor_list, list), tensor_list
-      self._tensor_list = tensor_list
-
-    def __repr__(self):
-      return "[" + ",".join(str(t) for t in self._tensor_list) + "]"
-
-    @property
-    def tensor_list(self):
-      return self._tensor_list
+      super().__init__(tensor_list)
 
     @property
     def one_slice(self):
-      return self._tensor_list[0]
-
-    @property
-    def all_slices(self):
-      return self._tensor_list
-
-    @property
-    def slice_shape(self):
-      return self.one_slice.shape.as_list()
-
-    def to_laid_out_tensor(self):
-      return self
-
-    @classmethod
-    def from_tensor_list(cls, tensor_list):
-      return cls(tensor_list)
+      return self.tensor_list[0]
 
   class LaidOutVariable:
     """One slice variable per replica (collection "TPU_VAR"), seen as one ReplicatedVariable.

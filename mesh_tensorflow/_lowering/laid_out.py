@@ -1,0 +1,32 @@
+"""LaidOutTensor: a tensor's per-processor slices, as a backend holds them."""
+
+from __future__ import annotations
+
+
+class LaidOutTensor:
+  """A list of TF tensors, one per slice this program holds (all of them, or only its own)."""
+
+  def __init__(self, tensor_list):
+    self._tensor_list = list(tensor_list)
+
+  def __repr__(self):
+    return "[" + ",".join(str(t) for t in self._tensor_list) + "]"
+
+  @property
+  def tensor_list(self) -> list:
+    return self._tensor_list
+
+  @property
+  def all_slices(self) -> list:
+    return self._tensor_list
+
+  @property
+  def slice_shape(self) -> list:
+    return self._tensor_list[0].shape.as_list()
+
+  def to_laid_out_tensor(self) -> LaidOutTensor:
+    return self
+
+  @classmethod
+  def from_tensor_list(cls, tensor_list) -> LaidOutTensor:
+    return cls(tensor_list)
