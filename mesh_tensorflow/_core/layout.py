@@ -113,11 +113,9 @@ class TensorLayout:
     return all(a is None for a in self._tensor_axis_to_mesh_axis)
 
   def mesh_axis_to_tensor_axis(self, mesh_ndims: int) -> tuple:
-    ret = [None] * mesh_ndims
-    for tensor_axis, mesh_axis in enumerate(self._tensor_axis_to_mesh_axis):
-      if mesh_axis is not None:
-        ret[mesh_axis] = tensor_axis
-    return tuple(ret)
+    """For mesh axes 0..mesh_ndims-1, the tensor axis split over it (or None)."""
+    axes = self._tensor_axis_to_mesh_axis
+    return tuple(axes.index(m) if m in axes else None for m in range(mesh_ndims))
 
 
 MeshShapeLike = Union[Shape, list, str]

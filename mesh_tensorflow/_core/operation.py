@@ -103,8 +103,8 @@ class Operation:
         f"default_splittability must be 'splittable' or 'unsplittable', got {default_splittability!r}.")
 
   def _initialize_all_dimensions_as_splittable(self):
-    self._splittable_dims, self._unsplittable_dims = (
-        self._initialize_splittable_and_unsplittable_dims("splittable"))
+    """(splittable, unsplittable) with every dimension splittable; callers assign the pair."""
+    return self._initialize_splittable_and_unsplittable_dims("splittable")
 
 
 def _check_same_mesh(name, inputs, mesh) -> None:

@@ -106,7 +106,7 @@ class ScalarMultiplyOperation(Operation):
     super().__init__([x], name=name or "scalar_mul")
     self._scalar = scalar
     self._outputs = [Tensor(self, x.shape, x.dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def gradient(self, grad_ys):
     return [grad_ys[0] * self._scalar]
@@ -125,7 +125,7 @@ class ScalarAddOperation(Operation):
     super().__init__([x], name=name or "scalar_add")
     self._scalar = scalar
     self._outputs = [Tensor(self, x.shape, x.dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def gradient(self, grad_ys):
     return list(grad_ys)
@@ -152,7 +152,7 @@ class BinaryOpWithBroadcasting(Operation):
     super().__init__([x1, x2], name=name)
     self._tf_fn = tf_fn
     self._outputs = [Tensor(self, output_shape, output_dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def gradient(self, unused_grad_ys):
     raise ValueError(f"{type(self).__name__} {self.name!r} ({self._tf_fn}) has no gradient; wrap the "
@@ -214,7 +214,7 @@ class BroadcastOperation(Operation):
     _check_output_has_input_dims(name or "broadcast", [x], output_shape)
     super().__init__([x], name=name or "broadcast")
     self._outputs = [Tensor(self, output_shape, x.dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def gradient(self, grad_ys):
     return [reduce_ops.reduce_sum(grad_ys[0], output_shape=self.inputs[0].shape)]

@@ -24,7 +24,7 @@ class StopGradient(Operation):
   def __init__(self, x: Tensor, name: Optional[str] = None):
     super().__init__([x], name=name or "stop_gradient")
     self._outputs = [Tensor(self, x.shape, x.dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   @property
   def has_gradient(self):
@@ -54,7 +54,7 @@ class Depend(Operation):
             f"depend {self.name!r}: dependencies must be mtf Operations or mtf Tensors, got {d!r}.")
     self.dependencies = dependencies
     self._outputs = [Tensor(self, x.shape, x.dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def gradient(self, grad_ys):
     return grad_ys
@@ -105,7 +105,7 @@ class PrintOperation(Operation):
     self._data = list(data)
     self._message = message
     self._kwargs = kwargs
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def gradient(self, grad_ys):
     return grad_ys
@@ -134,7 +134,7 @@ class ScalarSummaryOperation(Operation):
           f"scalar_summary {self.name!r}: {x.name!r} has shape {x.shape}, but a summary needs a "
           f"scalar; reduce it first (e.g. mtf.reduce_mean(x)).")
     self._outputs = [Tensor(self, x.shape, x.dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def gradient(self, grad_ys):
     return grad_ys
@@ -183,7 +183,7 @@ class WhileLoopOperation(Operation):
     self._check_body_outputs()
     ops.append(self)
     self._outputs = [Tensor(self, t.shape, t.dtype, index=i) for i, t in enumerate(self._body_outputs)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def _placeholders(self, kind: str) -> list:
     return [Tensor(self, t.shape, t.dtype, name="%s/%s:%d" % (self.name, kind, i))

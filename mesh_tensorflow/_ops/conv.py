@@ -310,7 +310,7 @@ class _ConvBackpropOperation(Operation):
     _check_dtypes(self.name, self.inputs)
     _check_ranks(self.name, self._conv_dimension, input_shape, filter_shape)
     self._outputs = [Tensor(self, output_shape, dy.dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
     cd = self._conv_dimension
     # The channel dim on dy's side of the conv: summed over when going back to the input.
     self._dy_channel_dim = filter_shape.dims[cd + (0 if self._is_transpose else 1)]

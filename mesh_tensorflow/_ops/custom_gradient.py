@@ -38,7 +38,7 @@ class CustomGradientOperation(Operation):
     self._grad_fn = grad_fn
     self._forward_operations = list(forward_operations)
     self._outputs = [Tensor(self, t.shape, t.dtype, index=i) for i, t in enumerate(self._fn_outputs)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def lower(self, lowering):
     for fn_output, output in zip(self._fn_outputs, self._outputs):

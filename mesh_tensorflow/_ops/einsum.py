@@ -41,7 +41,7 @@ class EinsumOperation(Operation):
     _check_output_dims_are_broadcastable(inputs, output_shape, op_name)
     super().__init__(inputs, name=name or "einsum")
     self._outputs = [Tensor(self, output_shape, inputs[0].dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def gradient(self, grad_ys):
     dy = grad_ys[0]

@@ -152,7 +152,7 @@ class GenericGradOperation(Operation):
     self._grad_ys = grad_ys
     self._outputs = [Tensor(self, x.shape, x.dtype, index=i)
                      for i, x in enumerate(forward_op.inputs)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)

@@ -55,7 +55,7 @@ class OneHotOperation(Operation):
     self._off_value = off_value
     self._dtype = dtype
     self._outputs = [Tensor(self, indices.shape + self._output_dim, dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)

@@ -31,7 +31,7 @@ class ImportOperation(Operation):
           f"give an mtf shape with the same sizes in the same order.")
     self._outputs = [Tensor(self, shape, tf_tensor.dtype)]
     self._tf_tensor = tf_tensor
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
@@ -82,7 +82,7 @@ class Constant(Operation):
     super().__init__([], mesh, name=name or "constant")
     self._outputs = [Tensor(self, shape, dtype)]
     self._value = value
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
@@ -127,7 +127,7 @@ class RangeOperation(Operation):
     self._dim = convert_to_dimension(dim)
     self._dtype = dtype
     self._outputs = [Tensor(self, Shape([self._dim]), dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)

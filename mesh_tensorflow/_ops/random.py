@@ -27,7 +27,7 @@ class RandomOperation(Operation):
     self._tf_fn = tf_fn
     self._kwargs = kwargs
     self._outputs = [Tensor(self, convert_to_shape(shape), tf.as_dtype(kwargs.get("dtype", tf.float32)))]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)

@@ -39,7 +39,7 @@ class ReduceOperation(Operation):
     super().__init__([x], name=name or "reduce")
     self._outputs = [Tensor(self, output_shape, x.dtype)]
     self._reduction_fn_string = reduction
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   @property
   def reduction_fn_string(self) -> str:

@@ -38,7 +38,7 @@ class ReshapeOperation(Operation):
     _check_same_size(x, new_shape, x.graph.unique_name(name or "reshape", mark_as_used=False))
     super().__init__([x], name=name or "reshape")
     self._outputs = [Tensor(self, new_shape, x.dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def gradient(self, grad_ys):
     return [reshape(grad_ys[0], self.inputs[0].shape)]

@@ -42,7 +42,7 @@ class ShiftOperation(Operation):
     self._offset = offset
     self._wrap = wrap
     self._outputs = [Tensor(self, x.shape, x.dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def gradient(self, grad_ys):
     return [shift(grad_ys[0], -self._offset, self._dim, self._wrap)]

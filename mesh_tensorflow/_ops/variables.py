@@ -56,7 +56,7 @@ class Variable(Operation):
     self._trainable = trainable
     self._create_master(mesh, name, shape, initializer, trainable, **kwargs)
     self._outputs = [Tensor(self, shape, dtype.activation_dtype)]
-    self._initialize_all_dimensions_as_splittable()
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
     self.graph.all_variables.append(self)
     if trainable:
       self.graph.trainable_variables.append(self)

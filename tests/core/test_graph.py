@@ -53,6 +53,7 @@ def test_splittability_helpers():
   mesh = mtf.Mesh(g, "m")
   x = mtf.zeros(mesh, "a:2;b:3")
   op = mtf.Operation([x], name="op")
+  assert op._initialize_all_dimensions_as_splittable() == (frozenset({"a", "b"}), frozenset())
   assert op.splittable_dims == frozenset({"a", "b"}) and op.unsplittable_dims == frozenset()
   assert op._initialize_splittable_and_unsplittable_dims("splittable", ["a"]) == (
       frozenset({"b"}), frozenset({"a"}))

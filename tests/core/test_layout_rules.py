@@ -83,3 +83,12 @@ def test_processor_groups_partition_the_mesh(sizes, data):
   for pnum in range(mtf.list_product(sizes)):
     assert mtf.processor_coordinates_to_pnum(
         sizes, mtf.pnum_to_processor_coordinates(sizes, pnum)) == pnum
+
+
+def test_mesh_axis_to_tensor_axis_ignores_mesh_axes_beyond_mesh_ndims():
+  layout = mtf.TensorLayout([0, 2, 1])
+  assert layout.mesh_axis_to_tensor_axis(0) == ()
+  assert layout.mesh_axis_to_tensor_axis(1) == (0,)
+  assert layout.mesh_axis_to_tensor_axis(2) == (0, 2)
+  assert not mtf.TensorLayout([None, 0]).is_fully_replicated
+  assert mtf.TensorLayout([None, None, None]).is_fully_replicated
