@@ -45,7 +45,7 @@ def session_config() -> tf.ConfigProto:
 
 def lower_and_evaluate(build_fn: Callable, mesh_shape="all:1", layout="", mode: str = "graph",
                        devices: Sequence[str] | None = None, autostack: bool = True,
-                       per_processor: bool = False) -> list:
+                       per_processor: bool = False, seed: int = 0) -> list:
   """Builds `build_fn(mesh)` (a list of mtf Tensors), lowers it, and returns numpy values.
 
   Variables are initialised from their initializers (masters copied to slices).
@@ -55,6 +55,7 @@ def lower_and_evaluate(build_fn: Callable, mesh_shape="all:1", layout="", mode: 
   devices = list(devices) if devices is not None else cpu_devices(mesh_shape.size)
 
   def build_and_lower():
+    tf.set_random_seed(seed)  # initializers draw the same values on every run: no flaky tolerances
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "my_mesh")
     outputs = list(build_fn(mesh))
