@@ -18,7 +18,6 @@ class Graph:
     self.name_to_variable = {}
     self._names_in_use = {}
     self.captured_variable_scope = tf.get_variable_scope()
-    self.stacked_variables_rewritten = False
 
   def __repr__(self):
     return self.to_string

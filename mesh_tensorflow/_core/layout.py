@@ -6,7 +6,7 @@ Processors are numbered row-major over the mesh (last mesh axis fastest).
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence
 
 from mesh_tensorflow._core.dims import Dimension, Shape, convert_to_shape, list_product
 from mesh_tensorflow._core.parsing import _parse_string_to_list_of_pairs
@@ -118,7 +118,6 @@ class TensorLayout:
     return tuple(axes.index(m) if m in axes else None for m in range(mesh_ndims))
 
 
-MeshShapeLike = Union[Shape, list, str]
 
 
 def _mesh_sizes(mesh_shape) -> list:
