@@ -18,6 +18,7 @@ from mesh_tensorflow._core.dims import Shape, convert_to_shape, is_subsequence
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._lowering.mesh_impl import expand_dims_to
+from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import einsum as einsum_ops
 from mesh_tensorflow._ops import elementwise as elementwise_ops
 from mesh_tensorflow._ops import io as io_ops
@@ -60,22 +61,6 @@ def _check_scalar(op_name: str, x: Tensor, scalar) -> None:
         f"integer division.")
 
 
-def _check_same_dtype(op_name: str, x1: Tensor, x2: Tensor) -> None:
-  if x1.dtype != x2.dtype:
-    raise ValueError(f"{op_name}: dtypes differ: {x1.name!r} is {x1.dtype.name} and {x2.name!r} is "
-                     f"{x2.dtype.name}; mtf.cast one of them first.")
-
-
-def _check_same_dimension_sizes(op_name: str, x1: Tensor, x2: Tensor) -> None:
-  sizes2 = {d.name: d.size for d in x2.shape}
-  for d in x1.shape:
-    if d.name in sizes2 and sizes2[d.name] != d.size:
-      raise ValueError(
-          f"{op_name}: dimension {d.name!r} has size {d.size} in {x1.name!r} ({x1.shape}) but size "
-          f"{sizes2[d.name]} in {x2.name!r} ({x2.shape}); same-named dimensions must have the same "
-          f"size. Rename one (mtf.rename_dimension) or fix the sizes.")
-
-
 def _check_output_has_input_dims(op_name: str, inputs, output_shape: Shape) -> None:
   for x in inputs:
     missing = [d for d in x.shape if d not in output_shape.dims]
@@ -92,8 +77,8 @@ def _check_has_tensor(op_name: str, x1, x2) -> None:
 
 
 def _check_tensor_pair(op_name: str, x1: Tensor, x2: Tensor) -> None:
-  _check_same_dtype(op_name, x1, x2)
-  _check_same_dimension_sizes(op_name, x1, x2)
+  checks.check_same_dtype(op_name, [x1, x2])
+  checks.check_same_dimension_sizes(op_name, [x1, x2])
 
 
 # ---- scalar operand ----

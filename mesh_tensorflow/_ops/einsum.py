@@ -19,6 +19,7 @@ from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._lowering.lazy import LazyAllreduceSum
 from mesh_tensorflow._lowering.mesh_impl import expand_dims_to
+from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import reduce as reduce_ops
 
 __all__ = ["EinsumOperation", "einsum", "matmul"]
@@ -36,8 +37,8 @@ class EinsumOperation(Operation):
     _check_has_inputs(inputs, name)
     _check_are_tensors(inputs, name)
     op_name = inputs[0].graph.unique_name(name or "einsum", mark_as_used=False)
-    _check_same_dtype(inputs, op_name)
-    _check_input_dim_sizes_agree(inputs, op_name)
+    checks.check_same_dtype(f"einsum {op_name!r}", inputs)
+    checks.check_same_dimension_sizes(f"einsum {op_name!r}", inputs)
     _check_output_dims_are_broadcastable(inputs, output_shape, op_name)
     super().__init__(inputs, name=name or "einsum")
     self._outputs = [Tensor(self, output_shape, inputs[0].dtype)]
@@ -92,7 +93,8 @@ def einsum(xs: Sequence[Tensor], output_shape=None, reduced_dims=None,
   if reduced_dims is not None:
     reduced_dims = list(reduced_dims)
     _check_reduced_dims_are_dimensions(reduced_dims, name)
-  _check_input_dim_sizes_agree(xs, name or "einsum")  # before a default output Shape repeats a name
+  # Before a default output Shape repeats a name:
+  checks.check_same_dimension_sizes(f"einsum {name or 'einsum'!r}", xs)
   counts = collections.Counter(d for x in xs for d in x.shape.dims)
   input_dims = list(counts)  # Counter keeps first-appearance order
   if output_shape is None:
@@ -164,26 +166,6 @@ def _check_are_tensors(xs, name) -> None:
     raise TypeError(
         f"einsum {name or 'einsum'!r}: inputs must be mtf Tensors, got {bad!r}; import TF values "
         f"with mtf.import_tf_tensor, or multiply by a python scalar with `*`.")
-
-
-def _check_same_dtype(inputs, op_name: str) -> None:
-  dtypes = [x.dtype for x in inputs]
-  if any(d != dtypes[0] for d in dtypes):
-    raise ValueError(
-        f"einsum {op_name!r}: all inputs must have the same dtype, got "
-        f"{[(x.name, x.dtype.name) for x in inputs]}; cast them first (mtf.cast).")
-
-
-def _check_input_dim_sizes_agree(inputs, op_name: str) -> None:
-  seen = {}
-  for x in inputs:
-    for d in x.shape:
-      other = seen.setdefault(d.name, (d, x))
-      if other[0].size != d.size:
-        raise ValueError(
-            f"einsum {op_name!r}: dimension {d.name!r} has size {other[0].size} in {other[1].name!r} "
-            f"but size {d.size} in {x.name!r}; dimensions are matched by name, so give them equal "
-            f"sizes or different names (mtf.rename_dimension).")
 
 
 def _check_output_dims_are_broadcastable(inputs, output_shape: Shape, op_name: str) -> None:

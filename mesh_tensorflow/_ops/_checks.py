@@ -1,0 +1,25 @@
+"""Input checks shared by op families that combine several tensors by dimension name."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def check_same_dtype(op_name: str, tensors: Sequence) -> None:
+  if len({x.dtype for x in tensors}) > 1:
+    found = ", ".join(f"{x.name!r} is {x.dtype.name}" for x in tensors)
+    raise ValueError(f"{op_name}: inputs must have the same dtype, but dtypes differ: {found}; "
+                     f"mtf.cast them first.")
+
+
+def check_same_dimension_sizes(op_name: str, tensors: Sequence) -> None:
+  """Dimensions are matched by name, so a name must have one size across all inputs."""
+  seen = {}
+  for x in tensors:
+    for d in x.shape:
+      first_size, first = seen.setdefault(d.name, (d.size, x))
+      if first_size != d.size:
+        raise ValueError(
+            f"{op_name}: dimension {d.name!r} has size {first_size} in {first.name!r} ({first.shape}) "
+            f"but size {d.size} in {x.name!r} ({x.shape}); same-named dimensions must have the same "
+            f"size. Rename one (mtf.rename_dimension) or fix the sizes.")
