@@ -23,3 +23,10 @@ def check_same_dimension_sizes(op_name: str, tensors: Sequence) -> None:
             f"{op_name}: dimension {d.name!r} has size {first_size} in {first.name!r} ({first.shape}) "
             f"but size {d.size} in {x.name!r} ({x.shape}); same-named dimensions must have the same "
             f"size. Rename one (mtf.rename_dimension) or fix the sizes.")
+
+
+def check_dim_in(op_name: str, arg_name: str, dim, x) -> None:
+  """`dim` (name and size) must be a dimension of tensor `x`."""
+  if dim not in x.shape.dims:
+    raise ValueError(f"{op_name}: {arg_name} {dim} is not a dimension of {x.name!r} {x.shape}; pass one "
+                     f"of {x.shape.dims} (names and sizes must both match).")

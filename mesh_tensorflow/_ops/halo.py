@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from mesh_tensorflow._core.dims import Dimension
 from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import shift as shift_ops
 from mesh_tensorflow._ops import slicing as slicing_ops
 
@@ -21,9 +22,7 @@ __all__ = ["halo_exchange", "left_halo_exchange"]
 def _check_args(fn_name: str, x: Tensor, blocks_dim: Dimension, block_size_dim: Dimension,
                 halo_size) -> None:
   for what, dim in (("blocks_dim", blocks_dim), ("block_size_dim", block_size_dim)):
-    if dim not in x.shape.dims:
-      raise ValueError(f"{fn_name}: {what} {dim} is not a dimension of {x.name!r} {x.shape}; pass "
-                       f"one of its Dimensions (same name and size).")
+    checks.check_dim_in(fn_name, what, dim, x)
   if blocks_dim == block_size_dim:
     raise ValueError(f"{fn_name}: blocks_dim and block_size_dim are both {blocks_dim}; they must be "
                      f"two different dimensions of {x.shape}.")

@@ -13,6 +13,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Dimension, convert_to_dimension, convert_to_shape
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import binary as binary_ops
 from mesh_tensorflow._ops import einsum as einsum_ops
 from mesh_tensorflow._ops import elementwise as elementwise_ops
@@ -31,12 +32,6 @@ __all__ = [
 # top_k with 1 < k < _ITERATIVE_TOP_K_LIMIT repeats top_1 instead of sorting whole shards.
 _ITERATIVE_TOP_K_LIMIT = 5
 
-
-def _check_dim_in_tensor(op_name: str, arg_name: str, dim: Dimension, x: Tensor) -> None:
-  if dim not in x.shape.dims:
-    raise ValueError(
-        f"{op_name}: {arg_name} {dim} is not a dimension of {x.name!r} {x.shape}; "
-        f"pass one of {x.shape.dims}.")
 
 
 class OneHotOperation(Operation):
@@ -92,7 +87,7 @@ def gather(weights: Tensor, indices: Union[Tensor, int], dim, output_shape=None)
   """
   dim = convert_to_dimension(dim)
   output_shape = convert_to_shape(output_shape)
-  _check_dim_in_tensor("gather", "dim", dim, weights)
+  checks.check_dim_in("gather", "dim", dim, weights)
   if not isinstance(indices, Tensor):
     indices = io_ops.constant(weights.mesh, indices, dtype=tf.int32)
   if weights.dtype == tf.bool:
@@ -103,7 +98,7 @@ def gather(weights: Tensor, indices: Union[Tensor, int], dim, output_shape=None)
 
 
 def _check_top_k_args(op_name: str, x: Tensor, reduced_dim: Dimension, k_dim: Dimension) -> None:
-  _check_dim_in_tensor(op_name, "reduced_dim", reduced_dim, x)
+  checks.check_dim_in(op_name, "reduced_dim", reduced_dim, x)
   if k_dim.size > reduced_dim.size:
     raise ValueError(
         f"{op_name}: k_dim {k_dim} asks for more values than reduced_dim {reduced_dim} of "
@@ -234,7 +229,7 @@ def nth_smallest_element(x: Tensor, n: int, reduced_dim, name: Optional[str] = N
 def reduce_first(tensor: Tensor, reduced_dim) -> Tensor:
   """The entry at position 0 of reduced_dim (that dimension removed)."""
   reduced_dim = convert_to_dimension(reduced_dim)
-  _check_dim_in_tensor("reduce_first", "reduced_dim", reduced_dim, tensor)
+  checks.check_dim_in("reduce_first", "reduced_dim", reduced_dim, tensor)
   position = io_ops.mtf_range(tensor.mesh, reduced_dim, tf.float32)
   first_mask = elementwise_ops.cast(binary_ops.equal(position, 0.0), tensor.dtype)
   return reduce_ops.reduce_sum(tensor * first_mask, reduced_dim=reduced_dim)
@@ -263,7 +258,7 @@ def cumsum(x: Tensor, dim, exclusive: bool = False) -> Tensor:
   with dim split and its gradient comes from einsum.
   """
   dim = convert_to_dimension(dim)
-  _check_dim_in_tensor("cumsum", "dim", dim, x)
+  checks.check_dim_in("cumsum", "dim", dim, x)
   with tf.variable_scope("cumsum"):
     tmp_dim = Dimension("tmp_dim_cumsum", dim.size)
     comparator = binary_ops.less if exclusive else binary_ops.less_equal

@@ -16,6 +16,7 @@ from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._lowering.lazy import LazyAllreduceSum
 from mesh_tensorflow._lowering.tf_helpers import reduction_fn
+from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import binary as binary_ops
 from mesh_tensorflow._ops import control as control_ops
 from mesh_tensorflow._ops import elementwise as elementwise_ops
@@ -209,10 +210,7 @@ def _check_no_positional_args(disable_positional_args, fn_name: str) -> None:
 
 
 def _check_reduced_dim_in(x: Tensor, reduced_dim: Dimension, fn_name: str) -> None:
-  if reduced_dim not in x.shape.dims:
-    raise ValueError(
-        f"{fn_name}: reduced_dim={reduced_dim} is not a dimension of {x.name!r} {x.shape}; "
-        f"pick one of {x.shape.dims} (names and sizes must both match).")
+  checks.check_dim_in(fn_name, "reduced_dim", reduced_dim, x)
 
 
 def _check_reduction(reduction_fn_string: str, op_name: str) -> str:

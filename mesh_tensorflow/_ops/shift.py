@@ -9,6 +9,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Dimension, Shape
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import binary as binary_ops
 from mesh_tensorflow._ops import einsum as einsum_ops
 from mesh_tensorflow._ops import elementwise as elementwise_ops
@@ -33,9 +34,8 @@ class ShiftOperation(Operation):
   """
 
   def __init__(self, x: Tensor, offset: int, dim: Dimension, wrap: bool, name: Optional[str] = None):
-    if dim not in x.shape.dims:
-      raise ValueError(f"shift {x.graph.unique_name(name or 'shift', mark_as_used=False)!r}: {dim} is not "
-                       f"in {x.shape}.")
+    checks.check_dim_in(f"shift {x.graph.unique_name(name or 'shift', mark_as_used=False)!r}", "dim",
+                        dim, x)
     super().__init__([x], name=name or "shift")
     self._dim = dim
     self._axis = x.shape.dims.index(dim)
@@ -107,8 +107,7 @@ def dynamic_shift(x: Tensor, offset: Tensor, dim: Dimension, wrap: bool) -> Tens
   `offset`'s dims must be dims of x other than `dim`. Implemented as an einsum with a 0/1
   permutation matrix over [dim, dynamic_shift_tmp], so it is differentiable and layout-agnostic.
   """
-  if dim not in x.shape.dims:
-    raise ValueError(f"dynamic_shift: {dim} is not in x's {x.shape}.")
+  checks.check_dim_in("dynamic_shift", "dim", dim, x)
   if dim in offset.shape.dims:
     raise ValueError(f"dynamic_shift: the shifted {dim} may not be a dimension of offset "
                      f"({offset.shape}); one offset applies to the whole of {dim.name!r}.")
@@ -128,8 +127,7 @@ def dynamic_shift(x: Tensor, offset: Tensor, dim: Dimension, wrap: bool) -> Tens
 
 def _split_for_pooling(tensor: Tensor, pool_dim: Dimension, pool_size: int, what: str):
   """Reshapes pool_dim into [pool_dim/pool_size, _low=pool_size]; returns (tensor, _low dim)."""
-  if pool_dim not in tensor.shape.dims:
-    raise ValueError(f"{what}: pool dimension {pool_dim} is not in {tensor.shape}.")
+  checks.check_dim_in(what, "pool_dim", pool_dim, tensor)
   if pool_size <= 0 or pool_dim.size % pool_size:
     raise ValueError(f"{what}: pool_size {pool_size} does not divide {pool_dim}; pick a divisor.")
   axis = tensor.shape.dims.index(pool_dim)

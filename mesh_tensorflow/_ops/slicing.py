@@ -14,6 +14,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Dimension, Shape
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import io as io_ops
 
 __all__ = [
@@ -182,8 +183,7 @@ class SplitOperation(Operation):
 
   def __init__(self, x: Tensor, split_dim: Dimension, num_or_size_splits, name: Optional[str] = None):
     what = f"split {_next_name(x, name or 'split')!r}"
-    if split_dim not in x.shape.dims:
-      raise ValueError(f"{what}: {split_dim} is not in {x.shape}.")
+    checks.check_dim_in(what, "split_dim", split_dim, x)
     if isinstance(num_or_size_splits, (list, tuple)):
       sizes = [operator.index(s) for s in num_or_size_splits]
       if sum(sizes) != split_dim.size or min(sizes, default=0) < 0:
@@ -272,8 +272,7 @@ class UnstackOperation(Operation):
   """Splits x along `dim` into dim.size tensors without that dimension."""
 
   def __init__(self, x: Tensor, dim: Dimension, name: Optional[str] = None):
-    if dim not in x.shape.dims:
-      raise ValueError(f"unstack {_next_name(x, name or 'unstack')!r}: {dim} is not in {x.shape}.")
+    checks.check_dim_in(f"unstack {_next_name(x, name or 'unstack')!r}", "dim", dim, x)
     super().__init__([x], name=name or "unstack")
     self._dim = dim
     self._axis = x.shape.dims.index(dim)

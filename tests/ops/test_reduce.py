@@ -191,7 +191,7 @@ def test_positional_second_argument_raises(x):
 
 
 def test_reduced_dim_missing_from_x_raises(x):
-  with pytest.raises(ValueError, match=r"reduce_max: reduced_dim=.*'d'.*is not a dimension of"):
+  with pytest.raises(ValueError, match=r"reduce_max: reduced_dim .*'d'.*is not a dimension of"):
     mtf.reduce_max(x, reduced_dim=mtf.Dimension("d", 2))
   with pytest.raises(ValueError, match="reduce_logsumexp: reduced_dim"):
     mtf.reduce_logsumexp(x, mtf.Dimension("a", 3))

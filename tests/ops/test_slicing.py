@@ -177,13 +177,13 @@ def _graph_x():
     (lambda x: mtf.concat([x, mtf.cast(x, tf.int32)], "b"), "dtype"),
     (lambda x: mtf.split(x, x.shape.dims[1], [3, 4]), "do not add up to 8"),
     (lambda x: mtf.split(x, x.shape.dims[1], 3), "3 parts do not divide 'b'"),
-    (lambda x: mtf.split(x, mtf.Dimension("b", 9), 3), "is not in"),
+    (lambda x: mtf.split(x, mtf.Dimension("b", 9), 3), "is not a dimension of"),
     (lambda x: mtf.stack([], "s"), "at least one tensor"),
     (lambda x: mtf.stack([x, mtf.slice(x, 0, 2, "a")], "s"), "differs"),
     (lambda x: mtf.stack([x, x], "s", axis=3), "axis 3 is out of range"),
     (lambda x: mtf.stack([x, x], "s", axis=-4), "out of range"),
     (lambda x: mtf.stack([x, x], "a"), "already in"),
-    (lambda x: mtf.unstack(x, mtf.Dimension("c", 2)), "is not in"),
+    (lambda x: mtf.unstack(x, mtf.Dimension("c", 2)), "is not a dimension of"),
 ])
 def test_bad_arguments_raise_at_construction_and_leave_no_op_behind(build, match):
   x = _graph_x()
