@@ -98,6 +98,20 @@ def mesh_and_layout(draw, dims: dict, mesh_shapes: Sequence[str] = MESH_SHAPES):
   return ";".join(f"{d.name}:{d.size}" for d in mesh_shape), ";".join(rules)
 
 
+def align_to_names(tf_x, names, out_names):
+  """A TF tensor with axes `names`, transposed into `out_names` order with size-1 axes for absent names.
+
+  This is how an mtf binary op broadcasts by name; references use it to do the same in plain TF.
+  """
+  present = [n for n in out_names if n in names]
+  if present:
+    tf_x = tf.transpose(tf_x, [names.index(n) for n in present])
+  for i, n in enumerate(out_names):
+    if n not in names:
+      tf_x = tf.expand_dims(tf_x, i)
+  return tf_x
+
+
 def assert_allclose(actual, expected, rtol=1e-5, atol=1e-5):
   np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol)
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mesh_tensorflow as mtf
-from tests.harness import MAX_EXAMPLES, MODES, lower_and_evaluate, mesh_and_layout
+from tests.harness import MAX_EXAMPLES, MODES, align_to_names, lower_and_evaluate, mesh_and_layout
 
 DIM_SIZES = {"a": 4, "b": 8, "c": 2, "d": 8, "e": 4, "f": 8}
 LETTERS = {name: chr(ord("p") + i) for i, name in enumerate(DIM_SIZES)}
@@ -25,16 +25,6 @@ BINARY = {"add": (mtf.add, tf.add), "sub": (mtf.sub, tf.subtract), "multiply": (
 # reduce_max is left out: broadcasts create ties, where mtf (like upstream) routes the full
 # gradient to every maximum and TF splits it; tests/ops/test_reduce.py covers it tie-free.
 REDUCTIONS = {"sum": (mtf.reduce_sum, tf.reduce_sum), "mean": (mtf.reduce_mean, tf.reduce_mean)}
-
-
-def _align(tf_x, from_names, to_names):
-  """Transposes/expands a TF tensor laid out as from_names into to_names order (broadcastable)."""
-  present = [n for n in to_names if n in from_names]
-  tf_x = tf.transpose(tf_x, [from_names.index(n) for n in present]) if present else tf_x
-  for i, n in enumerate(to_names):
-    if n not in from_names:
-      tf_x = tf.expand_dims(tf_x, i)
-  return tf_x
 
 
 @st.composite
@@ -78,7 +68,8 @@ def _run_program(shapes, steps, arrays, mtf_mesh=None):
         out_dims = [mtf.Dimension(n, DIM_SIZES[n]) for n in out_names]
         values.append((fns[0](x, y, output_shape=mtf.Shape(out_dims)), out_names))
       else:
-        values.append((fns[1](_align(x, x_names, out_names), _align(y, y_names, out_names)), out_names))
+        aligned = [align_to_names(v, v_names, out_names) for v, v_names in ((x, x_names), (y, y_names))]
+        values.append((fns[1](*aligned), out_names))
     elif kind == "einsum":
       union = x_names + [n for n in y_names if n not in x_names]
       out_names = [n for n in union if rng.rand() < 0.5]

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mesh_tensorflow as mtf
-from tests.harness import MAX_EXAMPLES, MODES, assert_op_matches_tf, mesh_and_layout
+from tests.harness import MAX_EXAMPLES, MODES, align_to_names, assert_op_matches_tf, mesh_and_layout
 
 SIZES = {"a": 4, "b": 2, "c": 8}
 infer_shape = mtf.ops._infer_binary_broadcast_shape
@@ -15,14 +15,6 @@ infer_shape = mtf.ops._infer_binary_broadcast_shape
 
 def _shape_string(names):
   return ";".join(f"{n}:{SIZES[n]}" for n in names)
-
-
-def _aligned(t, names, out_names):
-  """TF tensor t (axes `names`) transposed to `out_names` order, size 1 where a name is absent."""
-  perm = [names.index(n) for n in out_names if n in names]
-  if perm:
-    t = tf.transpose(t, perm)
-  return tf.reshape(t, [SIZES[n] if n in names else 1 for n in out_names])
 
 
 # name -> (mtf fn, tf fn on operands aligned to the output, domain of x2)
@@ -51,7 +43,7 @@ def _check_binary(op, names1, names2, mesh_shape, layout, mode, seed):
   x1, x2 = _random(rng, names1, "signed"), _random(rng, names2, domain)
   out = infer_shape(_shape_string(names1), _shape_string(names2)).dimension_names
   assert_op_matches_tf(
-      mtf_fn, lambda a, b: tf_fn(_aligned(a, names1, out), _aligned(b, names2, out)),
+      mtf_fn, lambda a, b: tf_fn(align_to_names(a, names1, out), align_to_names(b, names2, out)),
       [(x1, _shape_string(names1)), (x2, _shape_string(names2))], mesh_shape, layout, mode, seed=seed)
 
 
