@@ -5,7 +5,10 @@
 2. The time to lower a 100-op mtf graph onto 1, 8 and 64 (virtual) devices, against the time to
    build the equivalent plain TF graph once.
 
-    python benchmarks/bench_classifier.py [--steps 30] [--batch_size 512] [--device cpu|gpu]
+    python benchmarks/bench_classifier.py [--steps 30] [--warmup 3] [--batch_size 512] [--device cpu|gpu]
+                                          [--lowering_devices 1,8,64]
+
+Training-step times are measured on 8 devices only; lowering times on each --lowering_devices count.
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ from examples import classifier  # noqa: E402
 NUM_CPUS = 8
 
 
-def _time_steps(sess, fetches, feeds, warmup: int = 3) -> float:
+def _time_steps(sess, fetches, feeds, warmup: int) -> float:
+  """Seconds per step over feeds[warmup:] (at least one), after running feeds[:warmup] untimed."""
+  if len(feeds) <= warmup:
+    raise ValueError(f"{len(feeds)} feeds leave no step to time after {warmup} warm-up steps.")
   for feed in feeds[:warmup]:
     sess.run(fetches, feed)
   start = time.perf_counter()
   for feed in feeds[warmup:]:
     sess.run(fetches, feed)
-  return (time.perf_counter() - start) / max(1, len(feeds) - warmup)
+  return (time.perf_counter() - start) / (len(feeds) - warmup)
 
 
 def _feeds(images_ph, labels_ph, batch_size, steps):
@@ -41,7 +47,7 @@ def _feeds(images_ph, labels_ph, batch_size, steps):
            labels_ph: labels[i * batch_size:(i + 1) * batch_size]} for i in range(steps)]
 
 
-def mtf_step_time(mesh_shape, layout, devices, batch_size, hidden, steps) -> float:
+def mtf_step_time(mesh_shape, layout, devices, batch_size, hidden, steps, warmup) -> float:
   with tf.Graph().as_default():
     images_ph = tf.placeholder(tf.float32, [batch_size, 64])
     labels_ph = tf.placeholder(tf.int32, [batch_size])
@@ -55,10 +61,10 @@ def mtf_step_time(mesh_shape, layout, devices, batch_size, hidden, steps) -> flo
     with tf.Session(config=tf.ConfigProto(device_count={"CPU": NUM_CPUS})) as sess:
       sess.run(tf.global_variables_initializer())
       sess.run(lowering.copy_masters_to_slices())
-      return _time_steps(sess, fetches, _feeds(images_ph, labels_ph, batch_size, steps))
+      return _time_steps(sess, fetches, _feeds(images_ph, labels_ph, batch_size, warmup + steps), warmup)
 
 
-def plain_tf_step_time(device, batch_size, hidden, steps) -> float:
+def plain_tf_step_time(device, batch_size, hidden, steps, warmup) -> float:
   with tf.Graph().as_default(), tf.device(device):
     images_ph = tf.placeholder(tf.float32, [batch_size, 64])
     labels_ph = tf.placeholder(tf.int32, [batch_size])
@@ -69,7 +75,8 @@ def plain_tf_step_time(device, batch_size, hidden, steps) -> float:
     train = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
     with tf.Session(config=tf.ConfigProto(device_count={"CPU": NUM_CPUS})) as sess:
       sess.run(tf.global_variables_initializer())
-      return _time_steps(sess, [loss, train], _feeds(images_ph, labels_ph, batch_size, steps))
+      return _time_steps(sess, [loss, train], _feeds(images_ph, labels_ph, batch_size, warmup + steps),
+                         warmup)
 
 
 def _chain_graph(mesh, num_ops: int):
@@ -112,26 +119,36 @@ def plain_tf_graph_seconds(num_ops: int = 100):
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser()
-  parser.add_argument("--steps", type=int, default=30)
+  parser.add_argument("--steps", type=int, default=30, help="timed training steps (after --warmup)")
+  parser.add_argument("--warmup", type=int, default=3, help="untimed training steps first")
   parser.add_argument("--batch_size", type=int, default=512)
   parser.add_argument("--hidden", type=int, default=1024)
   parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+  parser.add_argument("--lowering_devices", default="1,8,64",
+                      help="comma-separated device counts to time the lowering on")
   args = parser.parse_args(argv)
+  if args.steps < 1 or args.warmup < 0:
+    parser.error(f"--steps must be at least 1 and --warmup at least 0 (got {args.steps}, {args.warmup}).")
   tf.logging.set_verbosity(tf.logging.ERROR)
 
   if args.device == "gpu":
     n = len(tf2.config.list_physical_devices("GPU"))
+    if n == 0:
+      parser.error("--device gpu: TensorFlow sees no GPU here (tf.config.list_physical_devices('GPU') "
+                   "is empty). Install TensorFlow with CUDA (pip install -e '.[gpu]') on a GPU machine, "
+                   "or use --device cpu.")
     devices = ["gpu:%d" % (i % n) for i in range(8)]
     reference_device = "gpu:0"
   else:
     devices = ["cpu:%d" % i for i in range(8)]
     reference_device = "cpu:0"
-  print(f"# training step, batch {args.batch_size}, hidden {args.hidden}, devices {devices[:2]}...")
-  baseline = plain_tf_step_time(reference_device, args.batch_size, args.hidden, args.steps)
-  print(f"{'plain TF, 1 device':32s} {baseline * 1e3:8.2f} ms/step   ratio 1.00")
+  print(f"# training step ({args.steps} timed after {args.warmup} warm-up), batch {args.batch_size}, "
+        f"hidden {args.hidden}, devices {devices[:2]}...")
+  baseline = plain_tf_step_time(reference_device, args.batch_size, args.hidden, args.steps, args.warmup)
+  print(f"{'plain TF, 1 device':32s} {baseline * 1e3:8.3f} ms/step   ratio 1.00")
   for name, (mesh_shape, layout) in classifier.LAYOUTS.items():
-    t = mtf_step_time(mesh_shape, layout, devices, args.batch_size, args.hidden, args.steps)
-    print(f"{'mtf ' + name + ', 8 devices':32s} {t * 1e3:8.2f} ms/step   ratio {t / baseline:.2f}")
+    t = mtf_step_time(mesh_shape, layout, devices, args.batch_size, args.hidden, args.steps, args.warmup)
+    print(f"{'mtf ' + name + ', 8 devices':32s} {t * 1e3:8.3f} ms/step   ratio {t / baseline:.2f}")
 
   print("\n# lowering a 100-op graph (per-TF-op cost compares the work per op created)")
   plain_tf_graph_seconds()  # warm up TF's op-building caches
@@ -139,7 +156,7 @@ def main(argv=None) -> None:
   per_op = reference / reference_ops
   print(f"{'plain TF graph build':32s} {reference * 1e3:8.1f} ms  {reference_ops:6d} TF ops  "
         f"{per_op * 1e6:6.1f} us/op  ratio 1.0")
-  for n in (1, 8, 64):
+  for n in [int(n) for n in args.lowering_devices.split(",")]:
     seconds, num_ops, tf_ops = lowering_seconds(n)
     print(f"{'mtf lowering, %d devices' % n:32s} {seconds * 1e3:8.1f} ms  {tf_ops:6d} TF ops  "
           f"{seconds / tf_ops * 1e6:6.1f} us/op  ratio {seconds / tf_ops / per_op:.2f}"

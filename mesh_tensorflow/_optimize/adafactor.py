@@ -10,6 +10,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow import layers
 from mesh_tensorflow import ops_with_redefined_builtins as mtf
 from mesh_tensorflow._optimize import base, schedules
+from mesh_tensorflow._optimize.step import training_step
 
 __all__ = [
     "AdafactorOptimizer", "AdafactorWithMultiLRSchedule", "adafactor_optimizer_from_hparams",
@@ -19,7 +20,7 @@ __all__ = [
 
 @gin.configurable(module=base._GIN_MODULE)
 class AdafactorOptimizer(base.Optimizer):
-  """Adafactor.
+  """Adafactor: Adam-like steps with factored second moments, so optimizer state stays small.
 
   Second moments of a variable whose two largest (non-stacked) dimensions d0, d1 both have at
   least `min_dim_size_to_factor` entries are factored: slot `var.name + "_slot_vr"` (shape
@@ -28,13 +29,42 @@ class AdafactorOptimizer(base.Optimizer):
   holds momentum of the scaled update. Per step (decay rate d, learning rate lr):
     x = g / sqrt(v);  x /= max(1, rms(x) / clipping_threshold);
     var -= x * lr * max(rms(var), epsilon2)   (or x * lr without multiply_by_parameter_scale).
+
+  The default learning rate and decay rate depend on the training step: the TF global step
+  (`tf.train.get_or_create_global_step()`) unless `step` is given. A hand-written loop must
+  increment it (`tf.assign_add(global_step, 1)` after the updates); if an update runs twice at
+  the same global step, a warning says so once.
+
+  Args:
+    multiply_by_parameter_scale: scale each step by the variable's RMS (relative step size).
+    learning_rate: a number or scalar tensor; default min(1/sqrt(step + 1), 0.01), times 0.05
+      without multiply_by_parameter_scale (unless mtf.layers.unit_scaling_convention()).
+    decay_rate: second-moment decay, a number or scalar tensor; default
+      `adafactor_decay_rate_pow()`, 1 - (step + 1)^-0.8.
+    beta1: momentum of the update; 0 keeps no momentum slot.
+    clipping_threshold: the largest RMS of the normalised update; None disables clipping.
+    factored: factor the second moments of matrices (False keeps full ones).
+    epsilon1: added to g² (keeps the division finite).
+    epsilon2: the floor of the parameter scale (lets zero-initialised variables move).
+    min_dim_size_to_factor: factor only if the second-largest dimension is at least this big.
+    stacked_dim_names: dimension names never factored over (e.g. stacked layers).
+    exclude_from_parameter_scale: variables whose name contains one of these strings take
+      absolute steps.
+    step: the training step the default rates follow (a Python number or scalar tf.Tensor);
+      None follows the TF global step.
+
+  Example:
+    updates = mtf.optimize.AdafactorOptimizer().apply_grads(grads, graph.trainable_variables)
   """
 
   def __init__(self, multiply_by_parameter_scale: bool = True, learning_rate=None, decay_rate=None,
                beta1: float = 0.0, clipping_threshold: Optional[float] = 1.0, factored: bool = True,
                epsilon1: float = 1e-30, epsilon2: float = 1e-3, min_dim_size_to_factor: int = 128,
                stacked_dim_names: Optional[Sequence[str]] = None,
-               exclude_from_parameter_scale: Optional[Sequence[str]] = None):
+               exclude_from_parameter_scale: Optional[Sequence[str]] = None, step=None):
+    if learning_rate is None or decay_rate is None:
+      step = training_step(step)  # read once: both defaults see one value (and one watched read)
+    self._step = step
     self._multiply_by_parameter_scale = multiply_by_parameter_scale
     if learning_rate is None:
       learning_rate = self._learning_rate_default(multiply_by_parameter_scale)
@@ -120,11 +150,11 @@ class AdafactorOptimizer(base.Optimizer):
       return updates
 
   def _decay_rate_default(self):
-    return schedules.adafactor_decay_rate_pow()
+    return schedules.adafactor_decay_rate_pow(step=self._step)
 
   def _learning_rate_default(self, multiply_by_parameter_scale: bool):
     """min(1/sqrt(step + 1), 0.01), times 0.05 for absolute steps without unit scaling."""
-    learning_rate = tf.minimum(tf.math.rsqrt(base.float_global_step() + 1.0), 0.01)
+    learning_rate = tf.minimum(tf.math.rsqrt(training_step(self._step) + 1.0), 0.01)
     if not multiply_by_parameter_scale and not layers.unit_scaling_convention():
       learning_rate *= 0.05
     return learning_rate
@@ -141,7 +171,7 @@ class AdafactorWithMultiLRSchedule(schedules.MultiLRScheduleMixin, AdafactorOpti
   def __init__(self, variable_search: Optional[Sequence[str]] = None,
                alt_lr_schedules: Optional[Sequence] = None, **kwargs):
     super().__init__(**kwargs)
-    self._init_multi_lr(variable_search, alt_lr_schedules, self._learning_rate)
+    self._init_multi_lr(variable_search, alt_lr_schedules, self._learning_rate, step=self._step)
 
 
 def adafactor_optimizer_from_hparams(hparams, lr) -> AdafactorOptimizer:

@@ -24,10 +24,6 @@ def reduce_rms(x: mtf.Tensor, **kwargs) -> mtf.Tensor:
   return mtf.sqrt(mtf.reduce_mean(mtf.square(x), **kwargs))
 
 
-def float_global_step() -> tf.Tensor:
-  return tf.cast(tf.train.get_or_create_global_step(), tf.float32)
-
-
 def to_update_dtype(x: mtf.Tensor) -> mtf.Tensor:
   """x in float32 if it is a 16-bit float: updates computed in bfloat16 lose small steps."""
   if x.dtype in (tf.bfloat16, tf.float16):

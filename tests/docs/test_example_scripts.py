@@ -1,0 +1,61 @@
+"""The example and benchmark scripts: honest verdicts and timings at short settings, clear errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import re
+
+import pytest
+import tensorflow as tf2
+
+from examples import classifier
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def load_benchmark():
+  path = ROOT / "benchmarks" / "bench_classifier.py"
+  spec = importlib.util.spec_from_file_location("bench_classifier", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_classifier_with_ten_steps_passes_when_the_layouts_agree(capsys):
+  assert classifier.main(["--steps", "10"]) == 0
+  out = capsys.readouterr().out
+  assert re.search(r"layouts agree: .* OK", out)
+  assert re.search(r"model learns: +OK: loss fell from [\d.]+ to [\d.]+ \(expected at most [\d.]+ after 10",
+                   out)
+
+
+def test_classifier_fails_naming_the_learning_check_when_the_loss_does_not_fall(capsys):
+  assert classifier.main(["--steps", "5", "--learning_rate", "0"]) == 1
+  out = capsys.readouterr().out
+  assert re.search(r"layouts agree: .* OK", out)
+  assert "FAILED: the loss did not fall as expected" in out
+
+
+def test_learning_check_scales_with_the_number_of_steps():
+  assert classifier.check_learning([2.0] * 4).startswith("not checked")
+  assert classifier.check_learning([2.0, 2.0, 2.0, 2.0, 1.9]).startswith("OK")      # 5% after 5 steps
+  assert classifier.check_learning([2.0, 2.0, 2.0, 2.0, 1.95]).startswith("FAILED")
+  assert classifier.check_learning([2.0] * 59 + [1.0]).startswith("OK")             # a half after 60
+  assert classifier.check_learning([2.0] * 59 + [1.1]).startswith("FAILED")
+
+
+def test_benchmark_with_three_steps_times_every_step(capsys):
+  load_benchmark().main(["--steps", "3", "--batch_size", "32", "--hidden", "32", "--lowering_devices", "1"])
+  times = [float(t) for t in re.findall(r"([\d.]+) ms/step", capsys.readouterr().out)]
+  assert len(times) == 4 and all(t > 0 for t in times), times
+
+
+def test_benchmark_on_gpu_without_gpus_says_so(capsys, monkeypatch):
+  bench = load_benchmark()
+  real = tf2.config.list_physical_devices
+  monkeypatch.setattr(tf2.config, "list_physical_devices",
+                      lambda kind=None: [] if kind == "GPU" else real(kind))
+  with pytest.raises(SystemExit):
+    bench.main(["--device", "gpu", "--steps", "1"])
+  assert "--device gpu: TensorFlow sees no GPU here" in capsys.readouterr().err
