@@ -1,0 +1,479 @@
+"""Attention for the Transformer package: dot-product, hybrid, synthetic and local 1-D attention,
+and `AttentionParams` (the q/k/v/o projection variables).
+
+All functions work with named dimensions: q has [other dims..., key_dim], k has [memory dims...,
+memory_length_dim, key_dim], v has [memory dims..., memory_length_dim, value_dim]; the output has
+q's dims with key_dim replaced by value_dim.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import tensorflow.compat.v1 as tf
+
+import mesh_tensorflow as mtf
+
+
+def _is_training(context) -> bool:
+  """Dropout applies in training; with no context (0.1.18 callers), always."""
+  return True if context is None else context.train
+
+
+def _dropout(weights: mtf.Tensor, context, dropout_rate: float, dropout_broadcast_dims) -> mtf.Tensor:
+  if not dropout_rate:
+    return weights
+  noise_shape = weights.shape - (dropout_broadcast_dims or [])
+  return mtf.dropout(weights, _is_training(context), rate=dropout_rate, noise_shape=noise_shape)
+
+
+def attention(q, k, v, memory_length_dim, key_dim, value_dim, bias=None, dropout_rate=0.0,
+              dropout_broadcast_dims=None, extra_logit=None, context=None, float32_logits=True):
+  """softmax(q.k + bias over memory_length_dim) . v.
+
+  Args:
+    q, k, v: see the module docstring.
+    memory_length_dim: the softmax dimension.
+    key_dim, value_dim: channels of q/k and of v.
+    bias: optional Tensor added to the logits (e.g. -1e9 where not visible).
+    dropout_rate: dropout on the attention weights; applied when context.train, or always when
+      context is None (as in release 0.1.18, whose callers pass no context).
+    dropout_broadcast_dims: dims along which the dropout mask is shared.
+    extra_logit: an optional scalar: an extra always-present logit (attend to nothing).
+    context: optional transformer Context (training mode, 2-D sharding of the attention).
+    float32_logits: compute logits and softmax in float32.
+  Returns:
+    a Tensor with q's shape, key_dim replaced by value_dim.
+  """
+  orig_q_shape = q.shape
+  q, k, v, bias = maybe_reshape_attention_input_for_2d_sharding(context, q, k, v, bias, [key_dim, value_dim])
+  if float32_logits:
+    k = mtf.cast(k, tf.float32)
+    q = mtf.cast(q, tf.float32)
+  logits = mtf.layers.us_einsum([q, k], reduced_dims=[key_dim])
+  if bias is not None:
+    logits += mtf.cast(bias, logits.dtype)
+  weights = mtf.cast(mtf.softmax(logits, memory_length_dim, extra_logit=extra_logit), v.dtype)
+  weights = _dropout(weights, context, dropout_rate, dropout_broadcast_dims)
+  outputs = mtf.einsum([weights, v], q.shape - key_dim + value_dim)
+  return mtf.reshape(outputs, orig_q_shape - key_dim + value_dim)
+
+
+def hybrid_attention(q, k, v, context, memory_length_dim, key_dim, value_dim, bias=None,
+                     dropout_rate=0.0, dropout_broadcast_dims=None, extra_logit=None):
+  """A learned mix of softmax attention and doubly-normalised attention (self-attention only).
+
+  The doubly-normalised weights are softmax over memory of log_softmax over queries; the mix
+  coefficient is the variable `doubly_coeff` (initially 0.5, clipped to [0, 1]). Queries are
+  along `length`, which must have memory_length_dim's size.
+  """
+  logits = mtf.layers.us_einsum([q, k], reduced_dims=[key_dim])
+  if bias is not None:
+    logits += bias
+  query_length_dim = mtf.Dimension("length", memory_length_dim.size)
+  if query_length_dim not in logits.shape.dims:
+    raise ValueError(f"hybrid_attention: the logits {logits.shape} need a query dimension {query_length_dim} "
+                     f"(self-attention, queries and memory of the same length).")
+  doubly_coeff = mtf.get_variable(context.mesh, "doubly_coeff", [], initializer=tf.constant_initializer(0.5),
+                                  dtype=context.variable_dtype)
+  doubly_coeff = mtf.maximum(mtf.minimum(doubly_coeff, 1.), 0.)
+  upper_weights = mtf.softmax(logits, memory_length_dim, extra_logit=extra_logit)
+  lower_log_weights = mtf.log_softmax(logits, query_length_dim, extra_logit=extra_logit)
+  doubly_weights = mtf.softmax(lower_log_weights, memory_length_dim, extra_logit=extra_logit)
+  weights = doubly_coeff * doubly_weights + (1. - doubly_coeff) * upper_weights
+  weights = _dropout(weights, context, dropout_rate, dropout_broadcast_dims)
+  return mtf.einsum([weights, v], q.shape - key_dim + value_dim)
+
+
+_SYNTHESIZE_MODES = ("random", "random_plus_alpha", "factorized", "factorized_plus_alpha")
+
+
+def _synthetic_logits(context, memory_length_dim, synthesize_mode, factorized_dim, max_length):
+  """[length, memory_length] logits that do not depend on the input (Synthesizer)."""
+  length_a = mtf.Dimension("length_a", max_length)
+  length_b = mtf.Dimension("length_b", max_length)
+  init = tf.random_normal_initializer()
+  if synthesize_mode.startswith("random"):
+    r = mtf.get_variable(context.mesh, "random_synthesizer", mtf.Shape([length_a, length_b]),
+                         initializer=init, dtype=context.variable_dtype)
+  else:
+    factor_dim = mtf.Dimension("factorized_dim", factorized_dim)
+    r1 = mtf.get_variable(context.mesh, "factorized_synthesizer_a", mtf.Shape([length_a, factor_dim]),
+                          initializer=init, dtype=context.variable_dtype)
+    r2 = mtf.get_variable(context.mesh, "factorized_synthesizer_b", mtf.Shape([length_b, factor_dim]),
+                          initializer=init, dtype=context.variable_dtype)
+    r = mtf.einsum([r1, r2], mtf.Shape([length_a, length_b]))
+  r = mtf.slice(mtf.slice(r, 0, memory_length_dim.size, length_a.name), 0, memory_length_dim.size,
+                length_b.name)
+  return mtf.rename_dimension(mtf.rename_dimension(r, length_a.name, "length"), length_b.name,
+                              memory_length_dim.name)
+
+
+def synthetic_attention(q, k, v, memory_length_dim, key_dim, value_dim, bias=None, dropout_rate=0.0,
+                        dropout_broadcast_dims=None, extra_logit=None, synthesize=True,
+                        synthesize_mode="random_plus_alpha", factorized_dim=16, max_length=512,
+                        context=None):
+  """Attention whose logits are learned position-pair tables (Synthesizer, arXiv:2005.00743).
+
+  synthesize_mode: "random" ([max_length, max_length] table), "factorized" (product of two
+  [max_length, factorized_dim] tables), or either "+_plus_alpha": a learned mix
+  alpha * table + (1 - alpha) * q.k with `alpha` initially 0.5. The bias (e.g. causal mask)
+  is added to the synthesised logits. synthesize=False is plain dot-product attention.
+  """
+  if synthesize_mode not in _SYNTHESIZE_MODES:
+    raise ValueError(f"synthetic_attention: synthesize_mode={synthesize_mode!r} is not one of "
+                     f"{_SYNTHESIZE_MODES}.")
+  if memory_length_dim.size > max_length:
+    raise ValueError(f"synthetic_attention: {memory_length_dim} is longer than max_length={max_length}.")
+  logits = mtf.layers.us_einsum([q, k], reduced_dims=[key_dim])
+  if synthesize:
+    synthetic = mtf.cast(_synthetic_logits(context, memory_length_dim, synthesize_mode, factorized_dim,
+                                           max_length), logits.dtype)
+    if synthesize_mode.endswith("plus_alpha"):
+      alpha = mtf.get_variable(context.mesh, "alpha", [], initializer=tf.constant_initializer(0.5),
+                               dtype=context.variable_dtype)
+      logits = alpha * synthetic + (1. - alpha) * logits
+    else:
+      logits = synthetic + mtf.zeros_like(logits)
+  if bias is not None:
+    logits += bias
+  weights = mtf.softmax(logits, memory_length_dim, extra_logit=extra_logit)
+  weights = _dropout(weights, context, dropout_rate, dropout_broadcast_dims)
+  return mtf.einsum([weights, v], q.shape - key_dim + value_dim)
+
+
+def visibility_mask_to_attention_bias(visible: mtf.Tensor, dtype) -> mtf.Tensor:
+  """0 where visible, -1e9 elsewhere."""
+  return mtf.cast(mtf.logical_not(visible), dtype) * -1e9
+
+
+def local_attention_1d(q, k, v, length_dim, key_dim, value_dim, fully_autoregressive=True,
+                       length_dim_num_splits=1, radius=128, sequence_id=1, write_priority=None,
+                       read_priority=None, attention_kwargs=None):
+  """Attention of each position p to a window of positions around it along length_dim.
+
+  Query p sees memory positions m with p - radius < m <= p (fully_autoregressive) or
+  p - radius < m <= p + radius, in the same segment (equal sequence_id), and with
+  read_priority[p] >= write_priority[m] when priorities are given. The length is cut into
+  blocks, each of which sees its neighbours through a halo exchange, so the work is linear in
+  the length and length_dim may be split over a mesh dimension.
+
+  Args:
+    q, k: Tensors with length_dim and key_dim; v: with length_dim and value_dim, or None (v = k).
+    length_dim: the sequence Dimension (the same in q, k and v).
+    length_dim_num_splits: how many ways length_dim is split (blocks must not straddle splits).
+    radius: window radius.
+    sequence_id: an int32 Tensor with length_dim, or an integer (one segment).
+    write_priority, read_priority: optional int Tensors with length_dim.
+    attention_kwargs: keyword arguments for attention() (dropout_rate, context, ...).
+  Returns:
+    a Tensor shaped like q with key_dim replaced by value_dim.
+  """
+  if length_dim.size % length_dim_num_splits:
+    raise ValueError(f"local_attention_1d: {length_dim} does not divide into length_dim_num_splits="
+                     f"{length_dim_num_splits} parts.")
+  length_per_split = length_dim.size // length_dim_num_splits
+  block_length = max(radius, 128)
+  while length_per_split % block_length:
+    block_length -= 1
+  query_block_length = mtf.Dimension("query_block_length", block_length)
+  memory_block_length = mtf.Dimension("memory_block_length", block_length)
+  # The blocks dimension keeps the name of length_dim, so it is split like length_dim.
+  num_blocks = mtf.Dimension(length_dim.name, length_dim.size // block_length)
+  halo = mtf.left_halo_exchange if fully_autoregressive else mtf.halo_exchange
+
+  def reshape_query(x):
+    return mtf.replace_dimensions(x, length_dim, [num_blocks, query_block_length])
+
+  def reshape_memory(x):
+    x = mtf.replace_dimensions(x, length_dim, [num_blocks, memory_block_length])
+    return halo(x, num_blocks, memory_block_length, radius)
+
+  q = reshape_query(q)
+  k = reshape_memory(k)
+  v = k if v is None else reshape_memory(v)
+  if not isinstance(sequence_id, mtf.Tensor) or length_dim not in sequence_id.shape.dims:
+    sequence_id = sequence_id + mtf.zeros(q.mesh, [length_dim], tf.int32)
+  # Memory segment ids are shifted by 1, so the zeros of the halo padding match no query.
+  pos = mtf.range(q.mesh, length_dim, dtype=tf.int32)
+  visible = mtf.equal(reshape_query(sequence_id) + 1, reshape_memory(sequence_id + 1))
+  relative_position = reshape_memory(pos) - reshape_query(pos)
+  visible = mtf.logical_and(visible, mtf.greater(relative_position, -radius))
+  visible = mtf.logical_and(visible, mtf.less_equal(relative_position, 0 if fully_autoregressive else radius))
+  if read_priority is not None:
+    visible = mtf.logical_and(visible, mtf.greater_equal(reshape_query(read_priority),
+                                                         reshape_memory(write_priority)))
+  bias = visibility_mask_to_attention_bias(visible, q.dtype)
+  padded_memory_block_length = k.shape.get_dim_by_name(memory_block_length.name)
+  o = attention(q, k, v, padded_memory_block_length, key_dim, value_dim, bias, **(attention_kwargs or {}))
+  return mtf.replace_dimensions(o, [num_blocks, query_block_length], length_dim)
+
+
+def _mesh_axis(layout_rules, mesh_shape, dim) -> Optional[int]:
+  return layout_rules.tensor_dimension_to_mesh_axis(dim, mesh_shape)
+
+
+def maybe_reshape_attention_input_for_2d_sharding(context, q, k, v, bias, unsplittable_dims):
+  """Splits replicated attention work over an otherwise idle mesh dimension (2-D sharding).
+
+  With a 2-D mesh where, say, d_model is split over one mesh dimension and heads over the other,
+  q/k/v/logits do not contain d_model, so the attention would be computed redundantly over the
+  first mesh dimension. This cuts a dimension of q (not in unsplittable_dims) into an outer part
+  (same name) and an inner part that takes the name of a tensor dimension the layout maps to the
+  idle mesh dimension, so the inner part is split over it. q, k, v and bias are reshaped alike;
+  callers reshape the output back. Without a 2-D layout (context.model.layout/mesh_shape) the
+  inputs are returned unchanged.
+  """
+  model = getattr(context, "model", None) if context is not None else None
+  layout, mesh_shape = getattr(model, "layout", None), getattr(model, "mesh_shape", None)
+  if not isinstance(layout, (str, mtf.LayoutRules)) or not isinstance(mesh_shape, (str, mtf.Shape)):
+    return q, k, v, bias
+  layout_rules = mtf.convert_to_layout_rules(layout)
+  mesh_shape = mtf.convert_to_shape(mesh_shape)
+  if mesh_shape.ndims != 2:
+    return q, k, v, bias
+  tensors = [t for t in (q, k, v, bias) if t is not None]
+  all_names = {d.name for t in tensors for d in t.shape.dims}
+  used_axes = {_mesh_axis(layout_rules, mesh_shape, d) for t in tensors for d in t.shape.dims}
+  idle = [i for i in range(2) if i not in used_axes]
+  if len(idle) != 1:
+    return q, k, v, bias
+  idle_dim = mesh_shape.dims[idle[0]]
+  proxies = sorted(name for name in layout_rules.mesh_dimension_name_to_tensor_dimension_names(idle_dim.name)
+                   if name not in all_names)
+  if not proxies:
+    return q, k, v, bias
+  for d in q.shape.dims:
+    if d in unsplittable_dims or any(d.name == u.name for u in unsplittable_dims):
+      continue
+    axis = _mesh_axis(layout_rules, mesh_shape, d)
+    already = 1 if axis is None else mesh_shape.dims[axis].size
+    if d.size % (idle_dim.size * already) == 0:
+      inner = mtf.Dimension(proxies[0], idle_dim.size)
+      outer = mtf.Dimension(d.name, d.size // idle_dim.size)
+
+      def split(t, d=d, outer=outer, inner=inner):
+        if t is None or d not in t.shape.dims:
+          return t
+        return mtf.replace_dimensions(t, d, [outer, inner])
+      return split(q), split(k), split(v), split(bias)
+  return q, k, v, bias
+
+
+def _combined_dim(dims: Sequence[mtf.Dimension]) -> mtf.Dimension:
+  """One dimension of the product size, named after the first: [heads:8, d_kv:64] -> heads:512."""
+  return mtf.Dimension(dims[0].name, mtf.Shape(dims).size)
+
+
+class AttentionParams:
+  """The q, k, v (or shared kv) and o projection variables of an attention layer.
+
+  With combine_dims, the variables are 2-D: q/k/v [d_model, heads*d_kv] and o
+  [heads*d_kv, d_model], the combined dimension named like the first heads dim (so `heads:model`
+  splits them by whole heads). Initial stddevs: q d_model^-0.5 (times d_kv^-0.5 if the 1/sqrt(d_kv)
+  logit scaling is folded into it), k/v d_model^-0.5, o (heads*d_kv)^-0.5.
+  """
+
+  def __init__(self, mesh, query_input_dim, memory_input_dim, output_dim, key_dim, value_dim,
+               query_heads_dims, memory_heads_dims, variable_dtype, shared_kv=False, no_query=False,
+               combine_dims=True, ensemble_dim=None, keep_query_heads_dims=False,
+               fold_scaling_into_initializer=True, make_attention_vars=True):
+    if shared_kv and key_dim != value_dim:
+      raise ValueError(f"AttentionParams: shared_kv needs key_dim == value_dim, "
+                       f"got {key_dim} and {value_dim}.")
+    self.mesh = mesh
+    self.query_input_dim = query_input_dim
+    self.memory_input_dim = memory_input_dim
+    self.output_dim = output_dim
+    self.key_dim = key_dim
+    self.value_dim = value_dim
+    self.query_heads_dims = list(query_heads_dims or [])
+    self.memory_heads_dims = list(memory_heads_dims or [])
+    self.variable_dtype = variable_dtype
+    self.shared_kv = shared_kv
+    self.no_query = no_query
+    self.combine_dims = combine_dims
+    self.keep_query_heads_dims = keep_query_heads_dims
+    self.fold_scaling_into_initializer = fold_scaling_into_initializer
+    self.make_attention_vars = make_attention_vars
+    ensemble = [ensemble_dim] if ensemble_dim else []
+    if combine_dims:
+      self.q_shape = ensemble + [query_input_dim, _combined_dim(self.q_dims)]
+      self.k_shape = ensemble + [memory_input_dim, _combined_dim(self.k_dims)]
+      self.v_shape = ensemble + [memory_input_dim, _combined_dim(self.v_dims)]
+      self.o_shape = ensemble + [_combined_dim(self.o_dims), output_dim]
+    else:
+      self.q_shape = ensemble + [query_input_dim] + self.q_dims
+      self.k_shape = ensemble + [memory_input_dim] + self.k_dims
+      self.v_shape = ensemble + [memory_input_dim] + self.v_dims
+      self.o_shape = ensemble + self.o_dims + [output_dim]
+    self.init_weights()
+
+  def _initializers(self):
+    if mtf.layers.unit_scaling_convention():
+      init = tf.random_normal_initializer(stddev=1.0)
+      return init, init, init
+    q_stddev = self.query_input_dim.size ** -0.5
+    if self.fold_scaling_into_initializer:
+      q_stddev *= self.key_dim.size ** -0.5
+    return (tf.random_normal_initializer(stddev=q_stddev),
+            tf.random_normal_initializer(stddev=self.memory_input_dim.size ** -0.5),
+            tf.random_normal_initializer(stddev=mtf.Shape(self.o_dims).size ** -0.5))
+
+  def init_weights(self):
+    """Creates the variables q, k, v (or kv) and o."""
+    q_init, kv_init, o_init = self._initializers()
+
+    def variable(name, shape, init):
+      return mtf.get_variable(self.mesh, name, mtf.Shape(shape), initializer=init, dtype=self.variable_dtype)
+    if self.make_attention_vars:
+      if not self.no_query:
+        self.wq = variable("q", self.q_shape, q_init)
+      if self.shared_kv:
+        self.wkv = variable("kv", self.k_shape, kv_init)
+      else:
+        self.wk = variable("k", self.k_shape, kv_init)
+        self.wv = variable("v", self.v_shape, kv_init)
+    self.wo = variable("o", self.o_shape, o_init)
+
+  def _project(self, antecedent, weights, input_dim, dims):
+    ret = mtf.layers.us_einsum([antecedent, weights], reduced_dims=[input_dim])
+    if self.combine_dims:
+      ret = mtf.replace_dimensions(ret, ret.shape.dims[-1], dims)
+    return ret
+
+  def compute_q(self, query_antecedent):
+    ret = self._project(query_antecedent, self.wq, self.query_input_dim, self.q_dims)
+    if not self.fold_scaling_into_initializer:
+      ret *= self.key_dim.size ** -0.5
+    return ret
+
+  def compute_kv(self, memory_antecedent):
+    if not self.shared_kv:
+      raise ValueError("AttentionParams.compute_kv needs shared_kv=True; use compute_k and compute_v.")
+    return self._project(memory_antecedent, self.wkv, self.memory_input_dim, self.k_dims)
+
+  def compute_k(self, memory_antecedent):
+    if self.shared_kv:
+      raise ValueError("AttentionParams.compute_k: with shared_kv=True use compute_kv.")
+    return self._project(memory_antecedent, self.wk, self.memory_input_dim, self.k_dims)
+
+  def compute_v(self, memory_antecedent):
+    if self.shared_kv:
+      raise ValueError("AttentionParams.compute_v: with shared_kv=True use compute_kv.")
+    return self._project(memory_antecedent, self.wv, self.memory_input_dim, self.v_dims)
+
+  def compute_output(self, o, output_shape=None):
+    """Projects the attention output o (with o_dims) back to output_dim."""
+    if self.combine_dims:
+      o = mtf.transpose(o, o.shape - self.o_dims + self.o_dims)
+      combined = self.wo.shape.dims[-2]
+      o = mtf.replace_dimensions(o, self.o_dims, combined)
+      reduced_dims = [combined]
+    else:
+      reduced_dims = self.o_dims
+    return mtf.layers.us_einsum([o, self.wo], output_shape=output_shape, reduced_dims=reduced_dims)
+
+  @property
+  def q_dims(self):
+    return self.query_heads_dims + [self.key_dim]
+
+  @property
+  def k_dims(self):
+    return self.memory_heads_dims + [self.key_dim]
+
+  @property
+  def v_dims(self):
+    return self.memory_heads_dims + [self.value_dim]
+
+  @property
+  def o_dims(self):
+    """Dims of the attention output that wo reduces (query heads stay when keep_query_heads_dims)."""
+    if self.keep_query_heads_dims:
+      return [self.value_dim]
+    return self.query_heads_dims + [self.value_dim]
+
+
+def attention_params_simple(mesh, io_dim, kv_dim, heads_dim, variable_dtype) -> AttentionParams:
+  """AttentionParams for plain multi-head self-attention: d_model in and out, heads x d_kv inside."""
+  return AttentionParams(mesh, query_input_dim=io_dim, memory_input_dim=io_dim, output_dim=io_dim,
+                         key_dim=kv_dim, value_dim=kv_dim, query_heads_dims=[heads_dim],
+                         memory_heads_dims=[heads_dim], variable_dtype=variable_dtype)
+
+
+class ExpertsAttentionParams(AttentionParams):
+  """AttentionParams whose q (and, with expert_computation "qkv", shared k=v) come from a MoE layer.
+
+  Needs combine_dims and shared_kv. experts_hparams carries the MoE1D settings (moe_gating,
+  num_experts, loss_coef, group_size, min_expert_capacity, capacity_factor_train/eval,
+  hidden_size, activation, ...). The MoE output is the combined heads*d_kv projection.
+  """
+
+  def __init__(self, mesh, query_input_dim, memory_input_dim, output_dim, key_dim, value_dim,
+               query_heads_dims, memory_heads_dims, variable_dtype, shared_kv=False, no_query=False,
+               combine_dims=True, ensemble_dim=None, keep_query_heads_dims=False,
+               fold_scaling_into_initializer=True, context=None, experts_hparams=None,
+               expert_computation="qkv"):
+    if not combine_dims:
+      raise ValueError("ExpertsAttentionParams needs combine_dims=True.")
+    if not shared_kv:
+      raise ValueError("ExpertsAttentionParams needs shared_kv=True (keys and values are one projection).")
+    if expert_computation not in ("qkv", "q"):
+      raise ValueError(f"ExpertsAttentionParams: expert_computation={expert_computation!r} "
+                       f"is not 'qkv' or 'q'.")
+    if mtf.layers.unit_scaling_convention():
+      raise NotImplementedError("ExpertsAttentionParams does not support the unit-scaling convention.")
+    self.context = context
+    self.expert_computation = expert_computation
+    super().__init__(mesh, query_input_dim, memory_input_dim, output_dim, key_dim, value_dim,
+                     query_heads_dims, memory_heads_dims, variable_dtype, shared_kv=shared_kv,
+                     no_query=no_query, combine_dims=combine_dims, ensemble_dim=ensemble_dim,
+                     keep_query_heads_dims=keep_query_heads_dims,
+                     fold_scaling_into_initializer=fold_scaling_into_initializer, make_attention_vars=False)
+    if expert_computation == "q":
+      _, kv_init, _ = self._initializers()
+      self.wkv = mtf.get_variable(self.mesh, "kv", mtf.Shape(self.k_shape), initializer=kv_init,
+                                  dtype=self.variable_dtype)
+    from mesh_tensorflow.transformer import moe  # lazily: moe builds on attention users
+    # The MoE output is named d_model, so "experts_hidden" and "heads" can be split independently.
+    hp = experts_hparams
+    self.moe_layer = moe.MoE1D(
+        moe_gating=hp.moe_gating, num_experts=hp.num_experts, loss_coef=hp.loss_coef,
+        group_size=hp.group_size, min_expert_capacity=hp.min_expert_capacity,
+        capacity_factor_train=hp.capacity_factor_train, capacity_factor_eval=hp.capacity_factor_eval,
+        switch_policy_train=hp.switch_policy_train, switch_policy_eval=hp.switch_policy_eval,
+        switch_dropout=hp.switch_dropout, switch_temperature=hp.switch_temperature,
+        switch_jitter=hp.switch_jitter, ntlb_top_k=hp.ntlb_top_k, hidden_size=hp.hidden_size,
+        output_dim=mtf.Dimension("d_model", self.q_shape[-1].size),
+        use_experts_attention=hp.use_experts_attention, activation=hp.activation, z_loss=hp.z_loss)
+
+  def _rename_to_heads(self, t):
+    last = t.shape.dims[-1]
+    return mtf.reshape(t, t.shape - last + [mtf.Dimension(self.q_shape[-1].name, last.size)])
+
+  def _compute_merge_qkv(self, antecedent):
+    """q (and k) from one MoE call on the (shared) antecedent."""
+    if self.expert_computation == "qkv":
+      q, k = self.moe_layer.call(self.context, antecedent)
+      q, k = self._rename_to_heads(q), self._rename_to_heads(k)
+    else:
+      q = self._rename_to_heads(self.moe_layer.call(self.context, antecedent))
+      k = mtf.layers.us_einsum([antecedent, self.wkv], reduced_dims=[self.memory_input_dim])
+    q *= self.key_dim.size ** -0.5
+    self._q = mtf.replace_dimensions(q, q.shape.dims[-1], self.q_dims)
+    self._k = mtf.replace_dimensions(k, k.shape.dims[-1], self.k_dims)
+
+  def compute_q(self, query_antecedent):
+    self._compute_merge_qkv(query_antecedent)
+    return self._q
+
+  def compute_k(self, memory_antecedent):
+    del memory_antecedent
+    return self._k
+
+  def compute_kv(self, memory_antecedent):
+    del memory_antecedent
+    return self._k
+
+  def compute_v(self, memory_antecedent):
+    raise NotImplementedError("ExpertsAttentionParams shares keys and values: use compute_kv.")
