@@ -1,0 +1,1 @@
+"""The estimator-free training driver behind `transformer.utils.run` (re-exported there)."""

@@ -1,0 +1,185 @@
+"""Checkpoints in `model_dir`: crash-safe saves of whole master variables, checked restores.
+
+A checkpoint is `model_dir/model.ckpt-<step>.{index,data-*}` written by a plain `tf.train.Saver`
+over the master variables (plus the global step), so `tf.train.load_checkpoint` reads it and a
+checkpoint written under one mesh restores under any other. A save is atomic:
+
+1. the Saver writes to `model_dir/.tmp-model.ckpt-<step>.*` (never listed as a checkpoint);
+2. the data files, then the index, are renamed to their final names (`os.replace` is atomic);
+3. the `checkpoint` state file is rewritten through a temporary file and `os.replace`.
+
+A process killed anywhere in between leaves the previous checkpoint as the latest one, intact;
+leftover temporary files are removed by the next run.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import signal
+from typing import Optional, Sequence
+
+import tensorflow.compat.v1 as tf
+
+CHECKPOINT_PREFIX = "model.ckpt"
+_TMP_PREFIX = ".tmp-"
+# Test hook: a process saving this step kills itself (SIGKILL) after the data is written,
+# before the checkpoint is complete, as a crash during a save would.
+CRASH_DURING_SAVE_ENV = "MTF_CRASH_DURING_SAVE_AT_STEP"
+
+
+class CheckpointMismatchError(ValueError):
+  """A checkpoint does not hold the variables (names and shapes) the model expects."""
+
+
+def checkpoint_path(model_dir: str, step: int) -> str:
+  return os.path.join(model_dir, "%s-%d" % (CHECKPOINT_PREFIX, step))
+
+
+def get_step_from_checkpoint_path(path: str) -> int:
+  """The step of `.../model.ckpt-<step>`; ValueError for other names."""
+  match = re.search(r"%s-(\d+)$" % re.escape(CHECKPOINT_PREFIX), path)
+  if not match:
+    raise ValueError(f"{path!r} is not a checkpoint path of the form .../{CHECKPOINT_PREFIX}-<step>.")
+  return int(match.group(1))
+
+
+def list_checkpoints(model_dir: str) -> list:
+  """Complete checkpoints in model_dir (their index file exists), as paths sorted by step."""
+  paths = []
+  for index in tf.io.gfile.glob(os.path.join(model_dir, CHECKPOINT_PREFIX + "-*.index")):
+    path = index[:-len(".index")]
+    if re.search(r"-\d+$", path):
+      paths.append(path)
+  return sorted(paths, key=get_step_from_checkpoint_path)
+
+
+def latest_checkpoint(model_dir: str) -> Optional[str]:
+  """The checkpoint named latest by the state file if it is complete, else the newest complete one."""
+  state = tf.train.get_checkpoint_state(model_dir) if tf.io.gfile.exists(model_dir) else None
+  if state and state.model_checkpoint_path:
+    path = state.model_checkpoint_path
+    if not os.path.isabs(path):
+      path = os.path.join(model_dir, path)
+    if tf.io.gfile.exists(path + ".index"):
+      return path
+  complete = list_checkpoints(model_dir) if tf.io.gfile.exists(model_dir) else []
+  return complete[-1] if complete else None
+
+
+def remove_partial_saves(model_dir: str) -> list:
+  """Deletes temporary files left by a save that was interrupted; returns their paths."""
+  leftovers = glob.glob(os.path.join(model_dir, _TMP_PREFIX + "*"))
+  for path in leftovers:
+    os.remove(path)
+  return leftovers
+
+
+def check_checkpoint_matches(path: str, variables: Sequence, allow_missing: bool = False) -> list:
+  """Checks that checkpoint `path` holds each variable with the variable's shape.
+
+  Returns the variables found in the checkpoint. Raises CheckpointMismatchError naming the variable
+  and both shapes on a shape mismatch, and (unless allow_missing) naming missing variables.
+  """
+  shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+  found, missing = [], []
+  for var in variables:
+    name = var.op.name
+    if name not in shapes:
+      missing.append(name)
+      continue
+    model_shape = var.shape.as_list()
+    if list(shapes[name]) != model_shape:
+      raise CheckpointMismatchError(
+          f"Checkpoint {path} holds variable {name!r} with shape {list(shapes[name])}, but the model's "
+          f"{name!r} has shape {model_shape}. The checkpoint is from a different model: use another "
+          f"model_dir, or the gin configuration that wrote it.")
+    found.append(var)
+  if missing and not allow_missing:
+    raise CheckpointMismatchError(
+        f"Checkpoint {path} lacks {len(missing)} of the model's variables, e.g. {missing[:3]}. It was "
+        f"written by a different model: use another model_dir, or pass it as init_checkpoint to "
+        f"load only the variables it has.")
+  return found
+
+
+def _write_atomically(path: str, text: str) -> None:
+  tmp = os.path.join(os.path.dirname(path), _TMP_PREFIX + os.path.basename(path))
+  with open(tmp, "w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def _write_state_file(model_dir: str, paths: Sequence[str]) -> None:
+  """The `checkpoint` file tf.train.get_checkpoint_state reads; the last path is the latest."""
+  names = [os.path.basename(p) for p in paths]
+  lines = ['model_checkpoint_path: "%s"' % names[-1]]
+  lines += ['all_model_checkpoint_paths: "%s"' % n for n in names]
+  _write_atomically(os.path.join(model_dir, "checkpoint"), "\n".join(lines) + "\n")
+
+
+def _crash_if_requested(step: int) -> None:
+  if os.environ.get(CRASH_DURING_SAVE_ENV) == str(step):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class CheckpointManager:
+  """Saves and restores `variables` (tf master variables + global step) in model_dir.
+
+  Args:
+    model_dir: directory of the checkpoints and their `checkpoint` state file.
+    variables: the tf.Variables to save (use `tf.global_variables()`: masters are global, the
+      per-device slices are not).
+    keep_checkpoint_max: keep this many newest checkpoints (None or 0: keep all).
+    before_save: a TF op run before every save (the lowering's copy_slices_to_masters).
+  """
+
+  def __init__(self, model_dir: str, variables: Sequence, keep_checkpoint_max: Optional[int] = None,
+               before_save=None):
+    self._model_dir = model_dir
+    self._variables = list(variables)
+    self._keep = keep_checkpoint_max or None
+    self._before_save = before_save
+    self._saver = tf.train.Saver(self._variables, max_to_keep=None, save_relative_paths=True)
+
+  def save(self, session, step: int) -> str:
+    """Writes model.ckpt-<step> atomically and makes it the latest; returns its path."""
+    tf.io.gfile.makedirs(self._model_dir)
+    if self._before_save is not None:
+      session.run(self._before_save)
+    final = checkpoint_path(self._model_dir, step)
+    tmp = os.path.join(self._model_dir, _TMP_PREFIX + os.path.basename(final))
+    self._saver.save(session, tmp, write_meta_graph=False, write_state=False)
+    _crash_if_requested(step)
+    data_files = sorted(glob.glob(glob.escape(tmp) + ".data-*"))
+    for data in data_files:  # the index last: a checkpoint counts as complete once its index exists
+      os.replace(data, final + data[len(tmp):])
+    os.replace(tmp + ".index", final + ".index")
+    kept = [p for p in list_checkpoints(self._model_dir) if get_step_from_checkpoint_path(p) != step]
+    kept.append(final)
+    if self._keep:
+      for old in kept[:-self._keep]:
+        for f in glob.glob(glob.escape(old) + ".*"):
+          os.remove(f)
+      kept = kept[-self._keep:]
+    _write_state_file(self._model_dir, kept)
+    return final
+
+  def restore(self, session, path: str) -> None:
+    """Restores every variable from `path` (CheckpointMismatchError if names or shapes differ)."""
+    check_checkpoint_matches(path, self._variables)
+    self._saver.restore(session, path)
+
+
+def restore_available(session, path: str, variables: Sequence) -> list:
+  """Restores the variables `path` holds (shapes checked), leaving the others as they are.
+
+  This is how `init_checkpoint` warm-starts a model from another one. Returns the restored ones.
+  """
+  found = check_checkpoint_matches(path, variables, allow_missing=True)
+  if found:
+    tf.train.Saver(found).restore(session, path)
+  return found

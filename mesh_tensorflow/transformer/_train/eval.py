@@ -1,0 +1,87 @@
+"""Log-likelihood evaluation: perplexity over eval datasets, and scores of given examples.
+
+Both run the "eval" graph (per-example sums of log p(target) over non-padding targets) in a
+session restored from a checkpoint; padding examples (all zeros) contribute nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Callable, Sequence
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow.transformer._train import inputs, loop, model_fn, progress
+
+
+def model_feature_lengths(model, sequence_length: dict) -> dict:
+  """{feature: length} the eval/score graph is fed: targets (and inputs unless the model is a
+  decoder-only language model, which builds its inputs from the targets)."""
+  if model_fn.is_unitransformer(model) and model.autoregressive:
+    return {"targets": sequence_length["targets"]}
+  return {"inputs": sequence_length["inputs"], "targets": sequence_length["targets"]}
+
+
+def _log_likelihoods(session, placeholders, outputs, batches) -> tuple:
+  """Per real example: (log-likelihood, number of target tokens), as numpy arrays."""
+  lls, counts = [np.zeros([0])], [np.zeros([0])]
+  for batch, num_real in batches:
+    ll, count = session.run([outputs["log_likelihood"], outputs["num_tokens"]],
+                            {placeholders[k]: batch[k] for k in placeholders})
+    lls.append(ll[:num_real])
+    counts.append(count[:num_real])
+  return np.concatenate(lls), np.concatenate(counts)
+
+
+def perplexity_eval(runner: loop.ModelRunner, eval_datasets: Sequence, checkpoint_paths: Sequence[str],
+                    summary_dir: str, max_batches: int | None = None, print_fn: Callable = print) -> list:
+  """Mean negative log-likelihood per target token of each (name, dataset) at each checkpoint.
+
+  Writes `<name>/loss`, `<name>/perplexity` and `<name>/bits_per_token` scalars to summary_dir and
+  returns one dict per (checkpoint, dataset): step, dataset, loss, perplexity, bits_per_token,
+  tokens, examples.
+  """
+  lengths = model_feature_lengths(runner.model, runner.sequence_length)
+  writer = tf.summary.FileWriter(summary_dir)
+  results = []
+  for path in checkpoint_paths:
+    step = loop.checkpoint_step(path)
+    with loop.restored_session(runner, "eval", lengths, path) as (session, placeholders, outputs):
+      for name, dataset in eval_datasets:
+        batches = inputs.numpy_batches(dataset, runner.batch_size, lengths, max_batches)
+        lls, counts = _log_likelihoods(session, placeholders, outputs, batches)
+        if counts.sum() == 0:
+          raise ValueError(f"Eval dataset {name!r} yielded no target tokens; check its dataset_fn.")
+        loss = float(-lls.sum() / counts.sum())
+        result = {"step": step, "dataset": name, "loss": loss, "perplexity": math.exp(loss),
+                  "bits_per_token": loss / math.log(2), "tokens": int(counts.sum()), "examples": len(lls)}
+        print_fn(f"perplexity_eval {name} at step {step}: loss {loss:.4f}  perplexity "
+                 f"{result['perplexity']:.3f}  bits/token {result['bits_per_token']:.4f}  "
+                 f"({result['tokens']:,} tokens in {len(lls)} examples)")
+        progress.write_scalars(writer, step, {f"{name}/{k}": result[k]
+                                              for k in ("loss", "perplexity", "bits_per_token")})
+        results.append(result)
+  writer.close()
+  return results
+
+
+def score_examples(runner: loop.ModelRunner, examples: Sequence[dict], checkpoint: str) -> list:
+  """Log-likelihood of each example ({"inputs": ids, "targets": ids}) under the checkpoint."""
+  lengths = model_feature_lengths(runner.model, runner.sequence_length)
+  dataset = tf.data.Dataset.from_generator(
+      lambda: ({k: np.asarray(e[k], np.int32) for k in lengths} for e in examples),
+      output_signature={k: tf.TensorSpec([None], tf.int32) for k in lengths})
+  with loop.restored_session(runner, "eval", lengths, checkpoint) as (session, placeholders, outputs):
+    lls, _ = _log_likelihoods(session, placeholders, outputs,
+                              inputs.numpy_batches(dataset, runner.batch_size, lengths))
+  return [float(x) for x in lls]
+
+
+def save_scores(scores: Sequence[float], scores_filename: str | None) -> None:
+  """Writes one score per line to scores_filename (nothing if it is None)."""
+  if scores_filename:
+    tf.io.gfile.makedirs(os.path.dirname(scores_filename) or ".")
+    with tf.io.gfile.GFile(scores_filename, "w") as f:
+      f.write("".join("%r\n" % s for s in scores))

@@ -1,0 +1,163 @@
+"""The tf.compat.v1 session training loop: restore or initialise, train, report, checkpoint.
+
+Replaces TPUEstimator.train: one `Session.run` per step, a progress line (and TensorBoard
+scalars) every `iterations_per_loop` steps, an atomic checkpoint every `save_checkpoints_steps`
+steps and at the end. A restarted run resumes from the latest complete checkpoint, at its global
+step and data position.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from typing import Callable, Optional
+
+import gin
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow.transformer._train import checkpoints, inputs, model_fn, progress
+
+# Graph-level seed: initial weights (and sampling) are the same in every run and under every
+# layout, which makes runs comparable and resumed runs exact.
+GRAPH_SEED = 0
+
+
+@dataclasses.dataclass
+class TrainConfig:
+  """Everything `train` needs besides the model and data (the arguments of utils.run)."""
+  model_dir: str
+  batch_size: int
+  train_steps: int
+  mesh_shape: object
+  layout_rules: object
+  mesh_devices: Optional[list] = None
+  iterations_per_loop: int = 100
+  save_checkpoints_steps: int = 5000
+  keep_checkpoint_max: Optional[int] = None
+  autostack: bool = True
+  learning_rate_schedule: object = None
+  optimizer: Optional[Callable] = None
+  variable_filter: Optional[Callable] = None
+  init_checkpoint: Optional[str] = None
+  seen_data_init_step: int = 0
+
+
+def checkpoint_step(path: str) -> int:
+  """The global step stored in a checkpoint."""
+  return int(tf.train.load_checkpoint(path).get_tensor("global_step"))
+
+
+def initialize_and_restore(session, lowering, checkpoint: Optional[str], manager=None,
+                           init_checkpoint: Optional[str] = None, print_fn=print) -> None:
+  """Initialises all variables, restores masters from `checkpoint` (or warm-starts from
+  init_checkpoint), then copies the masters to the per-device slices."""
+  copy_in = lowering.copy_masters_to_slices()
+  session.run(tf.global_variables_initializer())
+  if checkpoint:
+    if manager is not None:
+      manager.restore(session, checkpoint)
+    else:
+      checkpoints.check_checkpoint_matches(checkpoint, _model_variables())
+      tf.train.Saver(_model_variables()).restore(session, checkpoint)
+  elif init_checkpoint:
+    found = checkpoints.restore_available(session, init_checkpoint, _model_variables())
+    print_fn(f"Initialised {len(found)} variables from init_checkpoint {init_checkpoint}.")
+  session.run(copy_in)
+
+
+def _model_variables() -> list:
+  return [v for v in tf.global_variables() if v.op.name != "global_step"]
+
+
+def _learning_rate(schedule, global_step):
+  """The schedule's value at the global step (run() has bound its total_train_steps)."""
+  return schedule(step=global_step) if callable(schedule) else schedule
+
+
+def train(model, dataset: tf.data.Dataset, config: TrainConfig, variable_dtype,
+          print_fn: Callable = print) -> dict:
+  """Trains until global step config.train_steps; returns {"step", "loss", "first_step_seconds"}."""
+  started = time.time()
+  tf.io.gfile.makedirs(config.model_dir)
+  for leftover in checkpoints.remove_partial_saves(config.model_dir):
+    print_fn(f"Removed {leftover}, left by an interrupted checkpoint save.")
+  latest = checkpoints.latest_checkpoint(config.model_dir)
+  start_step = checkpoint_step(latest) if latest else 0
+  if start_step >= config.train_steps:
+    print_fn(f"{latest} is at step {start_step} >= train_steps {config.train_steps}: nothing to train.")
+    return {"step": start_step, "loss": None, "first_step_seconds": None}
+  if latest:
+    print_fn(f"Resuming from {latest} at step {start_step}.")
+  with tf.Graph().as_default():
+    tf.set_random_seed(GRAPH_SEED)
+    features = inputs.training_features(dataset, config.batch_size,
+                                        start_step - config.seen_data_init_step)
+    global_step = tf.train.get_or_create_global_step()
+    mesh_impl = model_fn.make_mesh_impl(config.mesh_shape, config.layout_rules, config.mesh_devices)
+    built = model_fn.build_model_graph(
+        model, features, "train", mesh_impl, variable_dtype, autostack=config.autostack,
+        optimizer=config.optimizer,
+        learning_rate=_learning_rate(config.learning_rate_schedule, global_step),
+        variable_filter=config.variable_filter)
+    manager = checkpoints.CheckpointManager(config.model_dir, tf.global_variables(),
+                                            config.keep_checkpoint_max,
+                                            before_save=built.lowering.copy_slices_to_masters())
+    fetches = [built.train_op, built.outputs["loss"], built.outputs["learning_rate"],
+               built.outputs["tokens"]]
+    writer = tf.summary.FileWriter(config.model_dir)
+    with tf.Session(config=model_fn.session_config(config.mesh_devices)) as session:
+      initialize_and_restore(session, built.lowering, latest, manager, config.init_checkpoint, print_fn)
+      reporter = progress.ProgressReporter(writer, start_step, config.train_steps, print_fn)
+      step, loss, first_step_seconds = start_step, None, None
+      while step < config.train_steps:
+        _, loss, learning_rate, tokens = session.run(fetches)
+        step += 1
+        if first_step_seconds is None:
+          first_step_seconds = time.time() - started
+          print_fn(f"First training step done {first_step_seconds:.1f}s after start "
+                   f"(graph construction, lowering and initialisation included).")
+          _write_operative_config(config.model_dir)
+        reporter.add_tokens(tokens)
+        if step % config.iterations_per_loop == 0 or step == config.train_steps:
+          reporter.report(step, float(loss), float(learning_rate))
+        if step % config.save_checkpoints_steps == 0 or step == config.train_steps:
+          manager.save(session, step)
+    writer.close()
+  return {"step": step, "loss": float(loss), "first_step_seconds": first_step_seconds}
+
+
+def _write_operative_config(model_dir: str) -> None:
+  """The gin configuration the run actually used (every configurable called so far)."""
+  with open(os.path.join(model_dir, "operative_config.gin"), "w") as f:
+    f.write(gin.operative_config_str())
+
+
+@dataclasses.dataclass
+class ModelRunner:
+  """A model with its mesh, dtype and batch shape: what eval, scoring and decoding run (it takes
+  the place of upstream's estimator argument)."""
+  model: object
+  mesh_shape: object
+  layout_rules: object
+  batch_size: int
+  sequence_length: dict
+  variable_dtype: object
+  mesh_devices: Optional[list] = None
+  autostack: bool = True
+
+
+@contextlib.contextmanager
+def restored_session(runner: ModelRunner, mode: str, lengths: dict, checkpoint: str):
+  """Builds the `mode` ("eval" or "infer") graph fed by int32 placeholders [batch_size, length],
+  restores `checkpoint` into it, and yields (session, placeholders, outputs)."""
+  with tf.Graph().as_default():
+    tf.set_random_seed(GRAPH_SEED)
+    placeholders = {k: tf.placeholder(tf.int32, [runner.batch_size, n], name=k) for k, n in lengths.items()}
+    mesh_impl = model_fn.make_mesh_impl(runner.mesh_shape, runner.layout_rules, runner.mesh_devices)
+    built = model_fn.build_model_graph(runner.model, placeholders, mode, mesh_impl, runner.variable_dtype,
+                                       runner.autostack)
+    with tf.Session(config=model_fn.session_config(runner.mesh_devices)) as session:
+      initialize_and_restore(session, built.lowering, checkpoint)
+      yield session, placeholders, built.outputs
