@@ -4,6 +4,7 @@
 and lower it with `mtf.Lowering(graph, {mesh: mesh_impl})`.
 """
 # ruff: noqa: F401, F403
+from mesh_tensorflow import _cli_quiet  # first: may load TensorFlow quietly for command-line entry points
 from mesh_tensorflow import beam_search
 from mesh_tensorflow import layers
 from mesh_tensorflow import optimize
