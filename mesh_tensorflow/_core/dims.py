@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import collections
 import functools
+import numbers
 import operator
+from collections import abc
 from typing import Iterable, Optional, Union
 
+from mesh_tensorflow._core.errors import DimensionSpecError
 from mesh_tensorflow._core.parsing import _parse_string_to_list_of_pairs
 
 Dimension = collections.namedtuple("Dimension", ["name", "size"])
@@ -14,17 +17,46 @@ Dimension.__doc__ = "A named tensor dimension, e.g. Dimension('batch', 8). Equal
 
 
 def convert_to_dimension(d) -> Optional[Dimension]:
-  """Converts a Dimension or a (name, size) pair to a Dimension; None stays None."""
+  """Converts a Dimension or a (name, size) pair to a Dimension; None stays None.
+
+  Raises DimensionSpecError (a TypeError and a ValueError) for a bare size such as `5`, a bare
+  name such as `"batch"`, or a pair that is not (str, int); ValueError for a negative size.
+  """
   if d is None:
     return None
-  if isinstance(d, Dimension):
-    if not isinstance(d.name, str) or not isinstance(d.size, int):
-      raise ValueError(f"Bad dimension {d!r}: name must be a str and size an int.")
-    return d
-  name, size = d  # a non-iterable raises TypeError, as the spec requires
-  if isinstance(name, str) and isinstance(size, int):
-    return Dimension(name, size)
-  raise ValueError(f"Bad dimension {d!r}: expected (name: str, size: int).")
+  _check_not_bare(d)
+  if not isinstance(d, Dimension):
+    _check_is_pair(d)
+  name, size = d
+  _check_name_and_size(d, name, size)
+  return d if isinstance(d, Dimension) else Dimension(name, size)
+
+
+def _check_not_bare(d) -> None:
+  if isinstance(d, str):
+    raise DimensionSpecError(
+        f"Dimension name {d!r} has no size: write mtf.Dimension({d!r}, size), or give the whole "
+        f"shape as a string such as '{d}:8'.")
+  if isinstance(d, numbers.Integral):
+    raise DimensionSpecError(
+        f"Bare size {d!r} where a Dimension is expected: mtf dimensions are named (layouts refer to "
+        f"them by name), so write mtf.Dimension('name', {d}), or 'name:{d}' in a shape string.")
+
+
+def _check_is_pair(d) -> None:
+  if not isinstance(d, abc.Sized) or not isinstance(d, abc.Iterable) or len(d) != 2:
+    raise DimensionSpecError(
+        f"Bad dimension {d!r}: expected mtf.Dimension(name, size) or a (name, size) pair, "
+        f"e.g. mtf.Dimension('batch', 8).")
+
+
+def _check_name_and_size(d, name, size) -> None:
+  if not isinstance(name, str) or not isinstance(size, int) or isinstance(size, bool):
+    raise DimensionSpecError(
+        f"Bad dimension {d!r}: expected (name: str, size: int), got name of type "
+        f"{type(name).__name__} and size of type {type(size).__name__}; e.g. mtf.Dimension('batch', 8).")
+  if size < 0:
+    raise ValueError(f"Dimension {name!r} has negative size {size}; sizes must be >= 0.")
 
 
 def list_product(l: Iterable[int]) -> int:
@@ -32,9 +64,14 @@ def list_product(l: Iterable[int]) -> int:
 
 
 class Shape:
-  """An ordered list of Dimensions with distinct names, e.g. Shape[batch=8, d_model=512]."""
+  """An ordered list of Dimensions with distinct names, e.g. Shape[batch=8, d_model=512].
 
-  def __init__(self, dims: Iterable = ()):
+  `dims` is a list of Dimensions or (name, size) pairs, or a string "batch:8;d_model:512".
+  """
+
+  def __init__(self, dims: Union[Iterable, str] = ()):
+    if isinstance(dims, str):
+      dims = _parse_string_to_list_of_pairs(dims, seconds_to_int=True)
     self._dims = [convert_to_dimension(d) for d in tuple(dims)]
     names = [d.name for d in self._dims]
     if len(set(self._dims)) != len(self._dims) or len(set(names)) != len(names):
@@ -154,8 +191,6 @@ def convert_to_shape(x: ShapeLike) -> Optional[Shape]:
     return None
   if isinstance(x, Shape):
     return x
-  if isinstance(x, str):
-    x = _parse_string_to_list_of_pairs(x, seconds_to_int=True)
   return Shape(x)
 
 

@@ -7,6 +7,8 @@ from typing import Callable
 
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow._core.tensor import Tensor
+
 
 class Graph:
   """An mtf graph: operations in creation order, plus the variables they created."""
@@ -75,7 +77,6 @@ class Graph:
     Variables and random ops are shared, not cloned, so a recomputation sees the same values.
     New ops keep the original names.
     """
-    from mesh_tensorflow._core.tensor import Tensor
     mapping = dict(input_mapping)
     new_ops = []
     for op in ops:
@@ -97,20 +98,34 @@ class Graph:
   def rewrite_stack_variables(self, max_combined_variable_size=2 ** 29,
                               max_combined_slice_size=2 ** 27, mesh_to_impl=None) -> None:
     """Stacks same-shaped variables into one (fewer, larger slice variables); see _ops/stacking.py."""
-    from mesh_tensorflow._ops import stacking
-    stacking.rewrite_stack_variables(self, max_combined_variable_size,
-                                     max_combined_slice_size, mesh_to_impl)
+    _registered_rewrite("rewrite_stack_variables")(
+        self, max_combined_variable_size, max_combined_slice_size, mesh_to_impl)
 
   def combine_assignments(self, assignments) -> list:
     """Replaces Assign ops with one Assign per distinct assign_fn; see _ops/stacking.py."""
-    from mesh_tensorflow._ops import stacking
-    return stacking.combine_assignments(self, assignments)
+    return _registered_rewrite("combine_assignments")(self, assignments)
+
+
+# Graph rewrites implemented by op families (which the core must not import), by method name.
+_REWRITES = {}
+
+
+def register_graph_rewrite(name: str, fn: Callable) -> None:
+  """Makes `fn(graph, ...)` the implementation of `Graph.<name>`; called by the op family defining it."""
+  _REWRITES[name] = fn
+
+
+def _registered_rewrite(name: str) -> Callable:
+  if name not in _REWRITES:
+    raise RuntimeError(f"Graph.{name} is implemented by the op families; import mesh_tensorflow first.")
+  return _REWRITES[name]
 
 
 class Mesh:
   """A named set of processors; its shape and devices come later, from a MeshImpl at lowering."""
 
   def __init__(self, graph: Graph, name: str, variable_placer=None):
+    _check_is_mtf_graph(graph, name)
     self._graph = graph
     self._name = name
     self._variable_placer = variable_placer
@@ -131,3 +146,11 @@ class Mesh:
 
   def __repr__(self):
     return f"Mesh({self._name!r})"
+
+
+def _check_is_mtf_graph(graph, mesh_name) -> None:
+  if not isinstance(graph, Graph):
+    raise TypeError(
+        f"mtf.Mesh({mesh_name!r}) needs an mtf.Graph, got {type(graph).__module__}."
+        f"{type(graph).__name__}; write mtf.Mesh(mtf.Graph(), {mesh_name!r}) (the TF graph is the "
+        f"default one at lowering time).")

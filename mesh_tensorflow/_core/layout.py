@@ -185,3 +185,32 @@ def tensor_dim_to_size_per_split(layout, mesh_shape, tensor_dim) -> int:
         f"Tensor dimension {tensor_dim.name!r} of size {tensor_dim.size} is split {mesh_dim_size} "
         f"ways, which does not divide it; change the layout rule or the dimension size.")
   return tensor_dim.size // mesh_dim_size
+
+
+def slice_shape(tensor_shape, mesh_shape, layout_rules) -> list:
+  """Per-processor shape of a tensor under `layout_rules` on a mesh of `mesh_shape` (pure arithmetic).
+
+  ValueError if the layout maps two tensor dims to one mesh dim, one tensor dim to two mesh dims,
+  or splits a dimension over a mesh dimension whose size does not divide it.
+  """
+  tensor_shape = convert_to_shape(tensor_shape)
+  mesh_shape = convert_to_shape(mesh_shape)
+  layout = convert_to_layout_rules(layout_rules).tensor_layout(tensor_shape, mesh_shape)
+  ret = []
+  for dim, mesh_axis in zip(tensor_shape, layout):
+    if mesh_axis is None:
+      ret.append(dim.size)
+      continue
+    mesh_dim = mesh_shape[mesh_axis]
+    _check_divides(tensor_shape, dim, mesh_dim)
+    ret.append(dim.size // mesh_dim.size)
+  return ret
+
+
+def _check_divides(tensor_shape: Shape, dim: Dimension, mesh_dim: Dimension) -> None:
+  if dim.size % mesh_dim.size:
+    raise ValueError(
+        f"Tensor dimension {dim.name!r} (size {dim.size}) of {tensor_shape} is split over mesh "
+        f"dimension {mesh_dim.name!r} (size {mesh_dim.size}), which does not divide it. "
+        f"Change the layout rule {dim.name}:{mesh_dim.name}, or make {dim.name!r} a "
+        f"multiple of {mesh_dim.size}.")

@@ -6,11 +6,23 @@ its `gradient(grad_ys)`. The lowering engine only calls those; it knows nothing 
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Optional
+
+from mesh_tensorflow._core.errors import GradientNotImplementedError
 
 
 class Operation:
-  """Base class of every mtf op; appends itself to its mesh's graph on construction."""
+  """Base class of every mtf op; appends itself to its mesh's graph on construction.
+
+  A constructor that raises (a subclass rejecting its arguments) takes the op back out of the
+  graph, so a rejected call leaves no half-built op behind.
+  """
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    if "__init__" in cls.__dict__:
+      cls.__init__ = _unregister_on_failure(cls.__dict__["__init__"])
 
   def __init__(self, inputs, mesh=None, name: Optional[str] = None):
     inputs = list(inputs)
@@ -79,10 +91,24 @@ class Operation:
             and [t for t in self.outputs if t.dtype.is_floating])
 
   def gradient(self, grad_ys):
-    raise NotImplementedError(f"{type(self).__name__} ({self.name!r}) has no gradient.")
+    raise GradientNotImplementedError(
+        f"{type(self).__name__} {self.name!r} has no gradient, but mtf.gradients needs one to "
+        f"differentiate through it (a second-order gradient?). Differentiate a graph that does not "
+        f"pass through it, or cut the path with mtf.stop_gradient.")
 
   def lower(self, lowering):
     raise NotImplementedError(f"{type(self).__name__} ({self.name!r}) has no lowering.")
+
+  def unsplittable_reason(self, dim_name: str) -> str:
+    """Why `dim_name` must stay whole on each processor here (and what to do instead).
+
+    The layout check quotes it after "but"; ops override it with what they do along the dimension.
+    """
+    return f"{type(self).__name__} declares {dim_name!r} unsplittable"
+
+  def nested_operations(self) -> list:
+    """Ops lowered inside this one rather than by the graph walk (a while loop's body), recursively."""
+    return []
 
   def _initialize_splittable_and_unsplittable_dims(
       self, default_splittability: str, exception_dims_iterable: Optional[Iterable[str]] = None):
@@ -114,3 +140,27 @@ def _check_same_mesh(name, inputs, mesh) -> None:
           f"Operation {name!r} combines tensors of different meshes: {t.name!r} is on "
           f"{t.mesh!r} but the op is on {mesh!r}. Move tensors between meshes explicitly "
           f"(export to TensorFlow and import into the other mesh).")
+
+
+def _unregister_on_failure(init):
+  """Wraps a subclass __init__: if it raises, the half-built op leaves its graph's lists."""
+  @functools.wraps(init)
+  def wrapped(self, *args, **kwargs):
+    try:
+      init(self, *args, **kwargs)
+    except BaseException:
+      _unregister(self)
+      raise
+  return wrapped
+
+
+def _unregister(op) -> None:
+  mesh = getattr(op, "_mesh", None)
+  if mesh is None:  # rejected before the base constructor registered it
+    return
+  graph = mesh.graph
+  for ops in (graph.operations, graph.all_variables, graph.trainable_variables):
+    if any(o is op for o in ops):
+      ops[:] = [o for o in ops if o is not op]
+  for name in [n for n, v in graph.name_to_variable.items() if v is op]:
+    del graph.name_to_variable[name]

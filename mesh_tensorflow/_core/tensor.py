@@ -7,10 +7,21 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Shape
 
 
-def _mtf():
-  """The public op namespace, imported late because it imports this module."""
-  from mesh_tensorflow import ops
-  return ops
+# The ops behind Tensor's arithmetic operators, registered by the op families (the core must not
+# import them): add, sub, multiply, divide, floordiv, mod, negative, reciprocal.
+_OPERATORS = {}
+
+
+def register_operators(**fns) -> None:
+  """Registers the functions Tensor's operators call, by name (e.g. add=binary.add)."""
+  _OPERATORS.update(fns)
+
+
+def _op(name: str):
+  if name not in _OPERATORS:
+    raise RuntimeError(f"mtf.Tensor operators need the op families; import mesh_tensorflow first "
+                       f"({name!r} is not registered).")
+  return _OPERATORS[name]
 
 
 class Tensor:
@@ -63,42 +74,42 @@ class Tensor:
   def __repr__(self):
     return self.to_string
 
-  # Operators delegate to the op library, imported lazily (the op library imports this module).
+  # Operators delegate to the registered op functions (see register_operators).
   def __add__(self, other):
-    return _mtf().add(self, other)
+    return _op("add")(self, other)
 
   def __radd__(self, other):
-    return _mtf().add(self, other)
+    return _op("add")(self, other)
 
   def __sub__(self, other):
-    return _mtf().sub(self, other)
+    return _op("sub")(self, other)
 
   def __rsub__(self, other):
-    return _mtf().add(_mtf().negative(self), other)
+    return _op("add")(_op("negative")(self), other)
 
   def __mul__(self, other):
-    return _mtf().multiply(self, other)
+    return _op("multiply")(self, other)
 
   def __rmul__(self, other):
-    return _mtf().multiply(self, other)
+    return _op("multiply")(self, other)
 
   def __truediv__(self, other):
-    return _mtf().divide(self, other)
+    return _op("divide")(self, other)
 
   def __rtruediv__(self, other):
-    return _mtf().multiply(_mtf().reciprocal(self), other)
+    return _op("multiply")(_op("reciprocal")(self), other)
 
   def __floordiv__(self, other):
-    return _mtf().floordiv(self, other)
+    return _op("floordiv")(self, other)
 
   def __rfloordiv__(self, other):
-    return _mtf().floordiv(other, self)
+    return _op("floordiv")(other, self)
 
   def __mod__(self, other):
-    return _mtf().mod(self, other)
+    return _op("mod")(self, other)
 
   def __rmod__(self, other):
-    return _mtf().mod(other, self)
+    return _op("mod")(other, self)
 
   def __neg__(self):
-    return _mtf().negative(self)
+    return _op("negative")(self)

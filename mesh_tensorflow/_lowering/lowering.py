@@ -6,6 +6,7 @@ import os
 
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow._lowering.layout_check import check_mesh_impls
 from mesh_tensorflow._lowering.tf_helpers import _log_info_also_to_file, log_variable_sizes
 
 
@@ -18,6 +19,7 @@ class Lowering:
   """
 
   def __init__(self, graph, mesh_to_impl: dict, autostack: bool = True, log_file=None):
+    check_mesh_impls(graph, mesh_to_impl)  # the layout, before anything is built
     self.mesh_to_impl = mesh_to_impl
     self.graph = graph
     _check_every_mesh_has_impl(graph, mesh_to_impl)

@@ -16,7 +16,7 @@ import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._core.dims import Shape, convert_to_shape, is_subsequence
 from mesh_tensorflow._core.operation import Operation
-from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._core.tensor import Tensor, register_operators
 from mesh_tensorflow._lowering.mesh_impl import expand_dims_to
 from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import einsum as einsum_ops
@@ -355,3 +355,6 @@ def where(condition: Tensor, if_true, if_false, output_shape=None) -> Tensor:
       multiply(if_false, elementwise_ops.cast(elementwise_ops.logical_not(condition), dtype),
                output_shape=output_shape),
       output_shape=output_shape)
+
+
+register_operators(add=add, sub=sub, multiply=multiply, divide=divide, floordiv=floordiv, mod=mod)

@@ -183,7 +183,9 @@ class WhileLoopOperation(Operation):
     self._check_body_outputs()
     ops.append(self)
     self._outputs = [Tensor(self, t.shape, t.dtype, index=i) for i, t in enumerate(self._body_outputs)]
-    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
+    # The loop can split whatever the ops inside it can.
+    self._splittable_dims, self._unsplittable_dims = self._initialize_splittable_and_unsplittable_dims(
+        "splittable", set().union(*(op.unsplittable_dims for op in self.nested_operations())))
 
   def _placeholders(self, kind: str) -> list:
     return [Tensor(self, t.shape, t.dtype, name="%s/%s:%d" % (self.name, kind, i))
@@ -270,18 +272,18 @@ class WhileLoopOperation(Operation):
         value = LazyAllreduceSum(mesh_impl, value, lazy.mesh_axes, lazy.add_counter_fn)
       lowering.set_tensor_lowering(out, value)
 
-  def _inner_operations(self) -> list:
+  def nested_operations(self) -> list:
     """The ops lowered inside this loop, those of nested loops included."""
     ret = []
     for op in self._cond_ops + self._body_ops:
       ret.append(op)
       if isinstance(op, WhileLoopOperation):
-        ret.extend(op._inner_operations())
+        ret.extend(op.nested_operations())
     return ret
 
   def _force_external_values(self, lowering):
     """Forces lazy values the loop reads from outside, so they are not first computed (and cached) inside."""
-    inner = self._inner_operations()
+    inner = self.nested_operations()
     internal = set(self._cond_inputs + self._body_inputs)
     for op in inner:
       internal.update(op.outputs)

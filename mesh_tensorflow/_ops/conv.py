@@ -141,19 +141,6 @@ def _check_channels_match(op_name: str, what: str, expected: Dimension, actual: 
         f"{expected}; give the filter the input's channel Dimension (same name and size).")
 
 
-def _check_not_split(op, mesh_impl, dims_and_roles) -> None:
-  """Spatial and filter-spatial dims must be whole on every processor."""
-  for dim, role in dims_and_roles:
-    mesh_axis = mesh_impl.tensor_dimension_to_mesh_axis(dim)
-    if mesh_axis is not None:
-      raise ValueError(
-          f"{type(op).__name__} {op.name!r}: can't slice along dimension {role}: {dim} is split over "
-          f"mesh dimension {mesh_impl.shape[mesh_axis].name!r}. Remove that layout rule. To partition "
-          f"an image spatially, add a blocks dim (e.g. [batch, h_blocks, w_blocks, h, w, c] with "
-          f"h_blocks split), exchange halos with mtf.halo_exchange and run a VALID conv, or use the "
-          f"mtf.layers.*_with_blocks layers.")
-
-
 def _sum_over_split_dims(lowering, op, laid_out, summed_dims):
   """Wraps per-slice partial sums in a lazy allreduce over the mesh axes splitting summed_dims."""
   mesh_impl = lowering.mesh_impl(op)
@@ -176,6 +163,13 @@ def _output_size(size: int, filter_size: int, stride: int, padding: str, is_tran
   if padding == "VALID":
     size -= filter_size - 1
   return -(-size // stride) if round_up else size // stride
+
+
+def _conv_unsplittable_reason(dim_name: str) -> str:
+  return (f"a convolution needs {dim_name!r}, a spatial or filter-spatial dim, whole on every "
+          f"processor. To partition an image spatially, add a blocks dim (e.g. [batch, h_blocks, "
+          f"w_blocks, h, w, c] with h_blocks split), exchange halos with mtf.halo_exchange and run a "
+          f"VALID conv, or use the mtf.layers.*_with_blocks layers")
 
 
 # ---- forward convolutions ----
@@ -220,14 +214,11 @@ class _ConvOperation(Operation):
     self._splittable_dims, self._unsplittable_dims = self._initialize_splittable_and_unsplittable_dims(
         "splittable", [d.name for d in self._spatial_dims + self._filter_spatial_dims])
 
-  def _unsplit_dims_and_roles(self):
-    roles = _SPATIAL_ROLES[self._conv_dimension]
-    return (list(zip(self._spatial_dims, roles))
-            + list(zip(self._filter_spatial_dims, ["f" + r for r in roles])))
+  def unsplittable_reason(self, dim_name: str) -> str:
+    return _conv_unsplittable_reason(dim_name)
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
-    _check_not_split(self, mesh_impl, self._unsplit_dims_and_roles())
     conv_input, conv_filter = self.inputs
     cd, strides, padding = self._conv_dimension, self._strides, self._padding
     out_slice_shape = mesh_impl.slice_shape(self.outputs[0].shape)
@@ -294,7 +285,8 @@ class Conv3dTransposeOperation(_ConvOperation):
 # ---- gradients ----
 
 class _ConvBackpropOperation(Operation):
-  """Common arguments of the two conv backprop ops; every dim is declared splittable."""
+  """Common arguments of the two conv backprop ops; spatial and filter-spatial dims are unsplittable,
+  as for the forward convolution. They have no gradient themselves (no second-order gradients)."""
 
   def __init__(self, conv_dimension: int, is_transpose: bool, inputs, strides, padding, name: str):
     super().__init__(inputs, name=name)
@@ -310,13 +302,15 @@ class _ConvBackpropOperation(Operation):
     _check_dtypes(self.name, self.inputs)
     _check_ranks(self.name, self._conv_dimension, input_shape, filter_shape)
     self._outputs = [Tensor(self, output_shape, dy.dtype)]
-    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
     cd = self._conv_dimension
+    spatial_dims = input_shape.dims[-(cd + 1):-1] + filter_shape.dims[:cd]
+    self._splittable_dims, self._unsplittable_dims = self._initialize_splittable_and_unsplittable_dims(
+        "splittable", [d.name for d in spatial_dims])
     # The channel dim on dy's side of the conv: summed over when going back to the input.
     self._dy_channel_dim = filter_shape.dims[cd + (0 if self._is_transpose else 1)]
-    roles = _SPATIAL_ROLES[cd]
-    self._unsplit = (list(zip(input_shape.dims[-(cd + 1):-1], roles))
-                     + list(zip(filter_shape.dims[:cd], ["f" + r for r in roles])))
+
+  def unsplittable_reason(self, dim_name: str) -> str:
+    return _conv_unsplittable_reason(dim_name)
 
 
 class Conv2or3dBackpropInputOperation(_ConvBackpropOperation):
@@ -332,7 +326,6 @@ class Conv2or3dBackpropInputOperation(_ConvBackpropOperation):
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
-    _check_not_split(self, mesh_impl, self._unsplit)
     conv_filter, dy = self.inputs
     cd, strides, padding = self._conv_dimension, self._strides, self._padding
     input_slice_shape = mesh_impl.slice_shape(self._input_shape)
@@ -359,7 +352,6 @@ class Conv2or3dBackpropFilterOperation(_ConvBackpropOperation):
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
-    _check_not_split(self, mesh_impl, self._unsplit)
     conv_input, dy = self.inputs
     cd, strides, padding = self._conv_dimension, self._strides, self._padding
     filter_slice_shape = mesh_impl.slice_shape(self._filter_shape)

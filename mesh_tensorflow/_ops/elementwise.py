@@ -15,7 +15,7 @@ import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._core.dims import Dimension, convert_to_shape
 from mesh_tensorflow._core.operation import Operation
-from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._core.tensor import Tensor, register_operators
 from mesh_tensorflow._lowering.tf_helpers import transpose_list_of_lists
 from mesh_tensorflow._ops import binary as binary_ops
 from mesh_tensorflow._ops import io as io_ops
@@ -51,6 +51,10 @@ class SlicewiseOperation(Operation):
   def tf_fn(self) -> Callable:
     return self._tf_fn
 
+  def unsplittable_reason(self, dim_name: str) -> str:
+    return (f"{dim_name!r} is not declared as splittable (splittable_dims: "
+            f"{sorted(self.splittable_dims)}); tf_fn may need it whole")
+
   @property
   def has_gradient(self):
     if self._grad_function == 0:
@@ -64,25 +68,11 @@ class SlicewiseOperation(Operation):
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
-    for t in self.inputs + self.outputs:
-      _check_only_splittable_dims_split(self, t, mesh_impl)
     values = mesh_impl.slicewise(self._tf_fn, *[lowering.tensors[x] for x in self.inputs])
     if len(self._outputs) == 1:
       values = (values,)
     for output, value in zip(self._outputs, values):
       lowering.set_tensor_lowering(output, value)
-
-
-def _check_only_splittable_dims_split(op: SlicewiseOperation, t: Tensor, mesh_impl) -> None:
-  layout = mesh_impl.tensor_layout(t)
-  for d, mesh_axis in zip(t.shape.dims, layout.tensor_axis_to_mesh_axis):
-    if mesh_axis is not None and d.name not in op.splittable_dims:
-      mesh_dim = mesh_impl.shape[mesh_axis]
-      raise ValueError(
-          f"{op.name!r}: dimension {d.name!r} is not declared as splittable, but tensor {t.name!r} "
-          f"splits it over mesh dimension {mesh_dim.name!r} (size {mesh_dim.size}). Splittable "
-          f"dimensions of this op: {sorted(op.splittable_dims)}. Remove the layout rule "
-          f"{d.name}:{mesh_dim.name}, or rename {d.name!r} before this op.")
 
 
 def slicewise(tf_fn: Callable, xs: Sequence[Tensor], output_shape=None, output_dtype=None,
@@ -152,7 +142,14 @@ class GenericGradOperation(Operation):
     self._grad_ys = grad_ys
     self._outputs = [Tensor(self, x.shape, x.dtype, index=i)
                      for i, x in enumerate(forward_op.inputs)]
-    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
+    # It runs TF autodiff of the forward function per slice: whatever the forward op can't split,
+    # neither can its gradient.
+    self._splittable_dims, self._unsplittable_dims = self._initialize_splittable_and_unsplittable_dims(
+        "splittable", forward_op.unsplittable_dims)
+
+  def unsplittable_reason(self, dim_name: str) -> str:
+    return (f"it differentiates {self._forward_op.name!r} slice by slice, and for that op "
+            f"{self._forward_op.unsplittable_reason(dim_name)}")
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
@@ -348,3 +345,6 @@ def to_bfloat16(x: Tensor, name: str = "to_bfloat16") -> Tensor:
 
 def to_int32(x: Tensor, name: str = "to_int32") -> Tensor:
   return cast(x, tf.int32, name=name)
+
+
+register_operators(negative=negative, reciprocal=reciprocal)

@@ -129,6 +129,9 @@ class TopKOperation(Operation):
     self._splittable_dims, self._unsplittable_dims = (
         self._initialize_splittable_and_unsplittable_dims("splittable", [self._k_dim.name]))
 
+  def unsplittable_reason(self, dim_name: str) -> str:
+    return f"top_k builds its k_dim {dim_name!r} whole on every processor"
+
   def gradient(self, grad_ys):
     dvalues = grad_ys[0]
     if dvalues is None:
@@ -140,10 +143,6 @@ class TopKOperation(Operation):
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
     x = self.inputs[0]
-    if mesh_impl.tensor_dimension_to_mesh_axis(self._k_dim) is not None:
-      raise ValueError(
-          f"top_k {self.name!r}: k_dim {self._k_dim.name!r} is split by the layout "
-          f"{mesh_impl.layout_rules}, but top_k can't split it; remove its layout rule.")
     k = self._k_dim.size
     reduced_axis = x.shape.dims.index(self._reduced_dim)
     last_axis = x.shape.ndims - 1

@@ -1,7 +1,8 @@
 """Non-overlapping 2-D / 3-D max and average pooling (ksize == strides, VALID), and its gradient.
 
 "..._2D" pools the two dims before the channel dim, "..._3D" the three; leading dims are batch.
-Pooled dims keep their names and shrink to size // stride; they must stay whole on each processor.
+Pooled dims keep their names and shrink to size // stride; they must stay whole on each processor
+(declared unsplittable, so the layout check rejects a layout splitting them).
 """
 
 from __future__ import annotations
@@ -47,17 +48,19 @@ def _spatial_rank(op_name: str, x: Tensor, ksize, strides, pool_fn_string: str) 
   return rank
 
 
-def _check_not_split(op, mesh_impl, spatial_dims) -> None:
-  for dim in spatial_dims:
-    mesh_axis = mesh_impl.tensor_dimension_to_mesh_axis(dim)
-    if mesh_axis is not None:
-      raise ValueError(
-          f"{type(op).__name__} {op.name!r}: can't pool along {dim}, which is split over mesh "
-          f"dimension {mesh_impl.shape[mesh_axis].name!r}; remove that layout rule (pooled dims must "
-          f"be whole on each processor), or pool within blocks of a blocks dim instead.")
+class _PoolingOperation(Operation):
+  """A pool op or its gradient: the pooled (spatial) dims are unsplittable."""
+
+  def _declare_spatial_dims_unsplittable(self, spatial_dims) -> None:
+    self._splittable_dims, self._unsplittable_dims = self._initialize_splittable_and_unsplittable_dims(
+        "splittable", [d.name for d in spatial_dims])
+
+  def unsplittable_reason(self, dim_name: str) -> str:
+    return (f"pooling needs the pooled dim {dim_name!r} whole on every processor; pool within blocks "
+            f"of a blocks dim instead")
 
 
-class PoolOperation(Operation):
+class PoolOperation(_PoolingOperation):
   """Max or average pooling with ksize == strides and VALID padding.
 
   Example: `PoolOperation(x, [2, 2], [2, 2], "MAX_2D")` on [b, h=8, w=8, c] gives [b, h=4, w=4, c].
@@ -71,15 +74,13 @@ class PoolOperation(Operation):
     self._strides = list(strides)
     self._pool_fn_string = pool_fn_string
     dims = x.shape.dims
-    self._spatial_dims = dims[-(rank + 1):-1]
-    out_spatial = [Dimension(d.name, d.size // s) for d, s in zip(self._spatial_dims, self._strides)]
+    spatial_dims = dims[-(rank + 1):-1]
+    out_spatial = [Dimension(d.name, d.size // s) for d, s in zip(spatial_dims, self._strides)]
     self._outputs = [Tensor(self, Shape(dims[:-(rank + 1)] + out_spatial + dims[-1:]), x.dtype)]
-    self._splittable_dims, self._unsplittable_dims = self._initialize_splittable_and_unsplittable_dims(
-        "splittable", [d.name for d in self._spatial_dims])
+    self._declare_spatial_dims_unsplittable(spatial_dims)
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
-    _check_not_split(self, mesh_impl, self._spatial_dims)
     fn = pool_fn(self._pool_fn_string)
     y = mesh_impl.slicewise(lambda x: fn(x, self._ksize, self._strides), lowering.tensors[self.inputs[0]])
     lowering.set_tensor_lowering(self.outputs[0], y)
@@ -99,7 +100,7 @@ def _upsample(t, ksize: list, full_shape: list):
   return tf.pad(t, paddings)
 
 
-class PoolBackPropOperation(Operation):
+class PoolBackPropOperation(_PoolingOperation):
   """Gradient of a PoolOperation: MAX routes dy to every position equal to the window's max;
   AVG spreads dy / window size over the window. Positions cropped by VALID pooling get zero."""
 
@@ -109,12 +110,11 @@ class PoolBackPropOperation(Operation):
     rank = _spatial_rank(self.name, x, ksize, strides, pool_fn_string)
     self._ksize = list(ksize)
     self._pool_fn_string = pool_fn_string
-    self._spatial_dims = x.shape.dims[-(rank + 1):-1]
     self._outputs = [Tensor(self, x.shape, dy.dtype)]
+    self._declare_spatial_dims_unsplittable(x.shape.dims[-(rank + 1):-1])
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
-    _check_not_split(self, mesh_impl, self._spatial_dims)
     ksize = self._ksize
     is_max = self._pool_fn_string.startswith("MAX")
 

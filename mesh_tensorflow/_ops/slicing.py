@@ -1,7 +1,8 @@
 """Slicing and joining along one named dimension: slice/pad, concat/split, stack/unstack.
 
 Each op works slice by slice, so the dimension it cuts or joins must not be split over a mesh
-dimension (checked at lowering, when the layout is known). The pairs are each other's gradients.
+dimension: each declares it unsplittable, and the layout check rejects a layout splitting it
+before lowering. The pairs are each other's gradients.
 """
 
 from __future__ import annotations
@@ -31,17 +32,6 @@ def _axis_of(shape: Shape, dim_name: str, what: str) -> int:
   return shape.dimension_names.index(dim_name)
 
 
-def _check_not_split(op: Operation, mesh_impl, dim_name: str, verb: str) -> None:
-  """Raises if the layout splits `dim_name`: `op` cuts or joins along it one slice at a time."""
-  mesh_axis = mesh_impl.tensor_dimension_to_mesh_axis(Dimension(dim_name, 0))
-  if mesh_axis is not None:
-    mesh_dim = mesh_impl.shape[mesh_axis].name
-    raise ValueError(
-        f"{type(op).__name__} {op.name!r}: can't {verb} along split axis: dimension {dim_name!r} "
-        f"is split over mesh dimension {mesh_dim!r} by the layout rule {dim_name}:{mesh_dim}; "
-        f"remove that rule (or {verb} along another dimension).")
-
-
 def _next_name(x: Tensor, name: str) -> str:
   """The name the op about to be built will get (for errors raised before it joins the graph)."""
   return x.graph.unique_name(name, mark_as_used=False)
@@ -60,12 +50,24 @@ def _check_same_except(what: str, x: Tensor, first: Tensor, axis: int) -> None:
         f"only in the size of {b[axis].name!r} (same dimension names, order and other sizes).")
 
 
+class _AlongOneDimOperation(Operation):
+  """An op that cuts or joins along one dimension within each processor's slice."""
+
+  _verb = ""  # what it does along that dimension: "slice", "concat", ...
+
+  def unsplittable_reason(self, dim_name: str) -> str:
+    return (f"{self._verb} works along {dim_name!r} within each processor's slice, so {dim_name!r} "
+            f"must be whole on every processor")
+
+
 def _replace_dim(shape: Shape, axis: int, new_dim: Dimension) -> Shape:
   return Shape(shape.dims[:axis] + [new_dim] + shape.dims[axis + 1:])
 
 
-class SliceOperation(Operation):
+class SliceOperation(_AlongOneDimOperation):
   """x[..., begin:begin + size, ...] along the dimension named `slice_dim_name` (same name, new size)."""
+
+  _verb = "slice"
 
   def __init__(self, x: Tensor, begin: int, size: int, slice_dim_name: str, name: Optional[str] = None):
     what = f"slice {_next_name(x, name or 'slice')!r}"
@@ -91,7 +93,6 @@ class SliceOperation(Operation):
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
-    _check_not_split(self, mesh_impl, self._slice_dim.name, "slice")
     ndims = self.inputs[0].shape.ndims
     begin = [0] * ndims
     begin[self._axis] = self._begin
@@ -106,8 +107,10 @@ def mtf_slice(x: Tensor, begin: int, size: int, slice_dim_name: str, name: Optio
   return SliceOperation(x, begin, size, slice_dim_name, name=name).outputs[0]
 
 
-class PadOperation(Operation):
+class PadOperation(_AlongOneDimOperation):
   """Zero-pads the dimension named `pad_dim_name` with paddings = [before, after]."""
+
+  _verb = "pad"
 
   def __init__(self, x: Tensor, paddings: Sequence[int], pad_dim_name: str, name: Optional[str] = None):
     what = f"pad {_next_name(x, name or 'pad')!r}"
@@ -129,7 +132,6 @@ class PadOperation(Operation):
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
-    _check_not_split(self, mesh_impl, self._output_dim.name, "pad")
     paddings = [[0, 0]] * self.inputs[0].shape.ndims
     paddings[self._axis] = self._paddings
     y = mesh_impl.slicewise(lambda x: tf.pad(x, paddings), lowering.tensors[self.inputs[0]])
@@ -141,8 +143,10 @@ def pad(x: Tensor, paddings: Sequence[int], dim_name: str, name: Optional[str] =
   return PadOperation(x, paddings, dim_name, name=name).outputs[0]
 
 
-class ConcatOperation(Operation):
+class ConcatOperation(_AlongOneDimOperation):
   """Concatenates tensors along `concat_dim_name`; all other dimensions must be equal."""
+
+  _verb = "concat"
 
   def __init__(self, xs: Sequence[Tensor], concat_dim_name: str, name: Optional[str] = None):
     xs = list(xs)
@@ -167,7 +171,6 @@ class ConcatOperation(Operation):
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
-    _check_not_split(self, mesh_impl, self._concat_dim_name, "concat")
     y = mesh_impl.slicewise(lambda *xs: tf.concat(xs, axis=self._axis),
                             *[lowering.tensors[x] for x in self.inputs])
     lowering.set_tensor_lowering(self.outputs[0], y)
@@ -178,8 +181,10 @@ def concat(xs: Sequence[Tensor], concat_dim_name: str, name: Optional[str] = Non
   return ConcatOperation(xs, concat_dim_name, name=name).outputs[0]
 
 
-class SplitOperation(Operation):
+class SplitOperation(_AlongOneDimOperation):
   """Splits `split_dim` into equal parts (an int) or parts of the listed sizes."""
+
+  _verb = "split"
 
   def __init__(self, x: Tensor, split_dim: Dimension, num_or_size_splits, name: Optional[str] = None):
     what = f"split {_next_name(x, name or 'split')!r}"
@@ -210,7 +215,6 @@ class SplitOperation(Operation):
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
-    _check_not_split(self, mesh_impl, self._split_dim.name, "split")
     values = mesh_impl.slicewise(lambda x: tuple(tf.split(x, self._output_sizes, axis=self._axis)),
                                  lowering.tensors[self.inputs[0]])
     for out, value in zip(self.outputs, values):
@@ -222,8 +226,10 @@ def split(x: Tensor, split_dim: Dimension, num_or_size_splits, name: Optional[st
   return SplitOperation(x, split_dim, num_or_size_splits, name=name).outputs
 
 
-class StackOperation(Operation):
+class StackOperation(_AlongOneDimOperation):
   """Stacks equal-shaped tensors along a new dimension `dim_name` inserted at position `axis`."""
+
+  _verb = "stack"
 
   def __init__(self, xs: Sequence[Tensor], dim_name: str, axis: int, name: Optional[str] = None):
     xs = list(xs)
@@ -257,7 +263,6 @@ class StackOperation(Operation):
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
-    _check_not_split(self, mesh_impl, self._new_dim.name, "stack")
     y = mesh_impl.slicewise(lambda *xs: tf.stack(xs, axis=self._axis),
                             *[lowering.tensors[x] for x in self.inputs])
     lowering.set_tensor_lowering(self.outputs[0], y)
@@ -268,8 +273,10 @@ def stack(xs: Sequence[Tensor], dim_name: str, axis: int = 0, name: Optional[str
   return StackOperation(xs, dim_name, axis, name=name).outputs[0]
 
 
-class UnstackOperation(Operation):
+class UnstackOperation(_AlongOneDimOperation):
   """Splits x along `dim` into dim.size tensors without that dimension."""
+
+  _verb = "unstack"
 
   def __init__(self, x: Tensor, dim: Dimension, name: Optional[str] = None):
     checks.check_dim_in(f"unstack {_next_name(x, name or 'unstack')!r}", "dim", dim, x)
@@ -286,7 +293,6 @@ class UnstackOperation(Operation):
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
-    _check_not_split(self, mesh_impl, self._dim.name, "unstack")
     values = mesh_impl.slicewise(
         lambda x: tuple(tf.unstack(x, num=self._dim.size, axis=self._axis)),
         lowering.tensors[self.inputs[0]])

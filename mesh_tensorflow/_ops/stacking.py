@@ -14,6 +14,7 @@ from typing import Optional
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._core.dims import Dimension, Shape
+from mesh_tensorflow._core.graph import register_graph_rewrite
 from mesh_tensorflow._ops import slicing
 from mesh_tensorflow._ops import variables as variable_ops
 
@@ -179,3 +180,7 @@ def combine_assignments(graph, assignments) -> list:
     values = [x for a in ops for x in a.inputs]
     ret.append(variable_ops.Assign(variables, values, fn))
   return ret
+
+
+register_graph_rewrite("rewrite_stack_variables", rewrite_stack_variables)
+register_graph_rewrite("combine_assignments", combine_assignments)

@@ -144,19 +144,19 @@ def test_conv_output_shape_names_and_splittability(kind):
   assert [g.name for g in grad_ops] == ["conv%dd%s_backprop" % (cd, suffix),
                                         "conv%dd%s_backprop_filter" % (cd, suffix)]
   for g in grad_ops:
-    assert g.unsplittable_dims == frozenset()
-    assert g.splittable_dims == spatial | {"b", "c", "o"}
+    assert g.unsplittable_dims == spatial
+    assert g.splittable_dims == {"b", "c", "o"}
   assert [t.shape for t in op.gradient([mtf.ones(x.mesh, out)])] == [x.shape, f.shape]
 
 
-def test_conv_backprop_ops_constructed_directly_are_all_splittable():
+def test_conv_backprop_ops_constructed_directly_keep_spatial_dims_unsplittable():
   x, f = _graph_tensors("b:2;h:4;w:4;c:3", "fh:3;fw:3;c:3;o:5")
   dy = mtf.zeros(x.mesh, "b:2;h:4;w:4;o:5")
   strides = [1, 1, 1, 1]
   op = mtf.Conv2or3dBackpropInputOperation(2, False, x.shape, f, dy, strides, "SAME")
-  assert op.outputs[0].shape == x.shape and not op.unsplittable_dims
+  assert op.outputs[0].shape == x.shape and op.unsplittable_dims == {"h", "w", "fh", "fw"}
   op = mtf.Conv2or3dBackpropFilterOperation(2, False, x, f.shape, dy, strides, "SAME")
-  assert op.outputs[0].shape == f.shape and not op.unsplittable_dims
+  assert op.outputs[0].shape == f.shape and op.unsplittable_dims == {"h", "w", "fh", "fw"}
   assert op.to_string.startswith("Conv2or3dBackpropFilterOperation[Inputs=(")
 
 
@@ -205,7 +205,8 @@ def test_conv_along_split_spatial_dim_raises_and_suggests_halo_exchange(layout, 
     x = mtf.zeros(mesh, "b:2;h:4;w:4;c:3")
     f = mtf.zeros(mesh, "fh:2;fw:2;c:3;o:5")
     return [mtf.Conv2dOperation(x, f, [1, 1, 1, 1], "SAME").outputs[0]]
-  with pytest.raises(ValueError, match=f"can't slice along dimension {role}:.*halo_exchange"):
+  with pytest.raises(ValueError, match=f"Conv2dOperation 'conv2d' can't split dimension '{role}'.*"
+                                       f"'all'.*halo_exchange.*Remove the layout rule {layout}"):
     lower_and_evaluate(build, "all:2", layout)
 
 
@@ -215,5 +216,6 @@ def test_conv3d_backprop_along_split_depth_raises():
     f = mtf.zeros(mesh, "fd:3;fh:3;fw:3;c:3;o:5")
     dy = mtf.zeros(mesh, "b:2;d:4;h:4;w:4;o:5")
     return [mtf.conv3d_backprop_input(x.shape, f, dy, None, "SAME")]
-  with pytest.raises(ValueError, match="can't slice along dimension d:"):
+  with pytest.raises(ValueError,
+                     match="Conv2or3dBackpropInputOperation 'conv3d_backprop' can't split dimension 'd'"):
     lower_and_evaluate(build, "all:2", "d:all")

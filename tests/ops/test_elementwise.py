@@ -186,14 +186,14 @@ def test_slicewise_splittability_sets():
   assert mtf.cwise(tf.identity, [x]).operation.name == "cwise"
 
 
-def test_generic_grad_operation_is_all_splittable_and_mirrors_forward_inputs():
+def test_generic_grad_operation_splits_what_its_forward_op_splits_and_mirrors_forward_inputs():
   mesh = mtf.Mesh(mtf.Graph(), "m")
   x = mtf.zeros(mesh, "a:4")
   y = mtf.slicewise(lambda s: tf.reduce_sum(s), [x], output_shape=[], splittable_dims=[])
   (dx,) = mtf.gradients([y], [x])
   op = dx.operation
   assert isinstance(op, mtf.GenericGradOperation) and op.name.endswith("generic_grad")
-  assert op.splittable_dims == {"a"} and not op.unsplittable_dims
+  assert op.unsplittable_dims == {"a"} and not op.splittable_dims
   assert dx.shape == x.shape and dx.dtype == x.dtype
 
 
@@ -202,7 +202,8 @@ def test_splitting_an_unsplittable_dim_raises_naming_op_dim_and_mesh_dim(mode):
   def build(mesh):
     x = mtf.zeros(mesh, "a:4;b:2")
     return [mtf.slicewise(tf.identity, [x], splittable_dims=x.shape.dims[:1], name="my_sw")]
-  with pytest.raises(ValueError, match="'my_sw'.*dimension 'b' is not declared as splittable.*'cols'"):
+  with pytest.raises(ValueError, match="'my_sw' can't split dimension 'b'.*'cols'.*'b' is not declared as "
+                                       "splittable"):
     lower_and_evaluate(build, "rows:2;cols:2", "a:rows;b:cols", mode)
 
 

@@ -202,10 +202,11 @@ def test_top_k_operation_validates_like_top_k_and_adds_no_op():
   assert len(graph.operations) == 1
 
 
-def test_top_k_with_split_k_dim_raises_at_lowering():
+def test_top_k_with_split_k_dim_raises_before_lowering():
   def build(mesh):
     return [mtf.top_k(mtf.zeros(mesh, BATCH_VOCAB), VOCAB, mtf.Dimension("k", 6))[0]]
-  with pytest.raises(ValueError, match=r"k_dim 'k' is split .* remove its layout rule"):
+  with pytest.raises(ValueError, match=r"can't split dimension 'k'.*top_k builds its k_dim.*Remove the "
+                                       r"layout rule k:all"):
     lower_and_evaluate(build, "all:2", "k:all", mode="eager")
 
 

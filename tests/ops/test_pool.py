@@ -123,5 +123,6 @@ def test_pool_of_integer_tensor_raises():
 def test_pool_along_split_spatial_dim_raises():
   def build(mesh):
     return [mtf.PoolOperation(mtf.zeros(mesh, "b:2;h:4;w:4;c:3"), [2, 2], [2, 2], "MAX_2D").outputs[0]]
-  with pytest.raises(ValueError, match=r"can't pool along Dimension\(name='w'.*mesh dimension 'all'"):
+  with pytest.raises(ValueError, match=r"PoolOperation 'pool' can't split dimension 'w'.*mesh dimension 'all'"
+                                       r".*pooling needs.*Remove the layout rule w:all"):
     lower_and_evaluate(build, "all:2", "w:all")

@@ -155,8 +155,9 @@ def _x(mesh):
 ])
 def test_op_along_split_dim_raises_naming_the_layout_rule(verb, build, layout):
   dim = layout.split(":")[0]
-  with pytest.raises(ValueError, match=f"can't {verb} along split axis: dimension '{dim}' is split "
-                                       f"over mesh dimension 'all' by the layout rule {layout}"):
+  with pytest.raises(ValueError, match=f"can't split dimension '{dim}': the layout rule {layout} splits "
+                                       f"it over mesh dimension 'all'.*{verb} works along '{dim}'.*"
+                                       f"Remove the layout rule {layout}"):
     lower_and_evaluate(lambda mesh: [build(_x(mesh))], "all:2", layout)
 
 

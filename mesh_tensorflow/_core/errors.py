@@ -1,0 +1,32 @@
+"""Named errors of the core. Each subclasses the builtin type older code and tests expect."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class DimensionSpecError(TypeError, ValueError):
+  """Something that is not a Dimension where one is expected (a bare int or name, a bad pair).
+
+  A TypeError (a bare int cannot be unpacked into name and size, as upstream raised) and a
+  ValueError (the value itself is wrong), so callers catching either keep working.
+  """
+
+
+class LayoutError(ValueError):
+  """A layout the graph cannot be lowered with. Carries the op, tensor dimension and mesh dimension."""
+
+  def __init__(self, message: str, op=None, dimension: Optional[str] = None,
+               mesh_dimension: Optional[str] = None):
+    super().__init__(message)
+    self.op = op
+    self.dimension = dimension
+    self.mesh_dimension = mesh_dimension
+
+
+class UnsplittableDimensionError(LayoutError):
+  """The layout splits a dimension that an op declares unsplittable."""
+
+
+class GradientNotImplementedError(NotImplementedError):
+  """mtf.gradients reached an op that has no gradient (e.g. a second-order gradient)."""
