@@ -100,9 +100,9 @@ def _pack_batch(values, sizes, keys, lengths):
   def place(state, size):
     packed_index, used, segment = state
     fits = tf.reduce_all(used + size <= capacity)
-    return (tf.where(fits, packed_index, packed_index + 1),
-            tf.where(fits, used + size, size),
-            tf.where(fits, segment + 1, 1))
+    return (tf.where_v2(fits, packed_index, packed_index + 1),
+            tf.where_v2(fits, used + size, size),
+            tf.where_v2(fits, segment + 1, 1))
 
   init = (tf.constant(0), tf.zeros([len(keys)], tf.int32), tf.constant(0))
   packed_index, used, segment = tf.scan(place, sizes, initializer=init)

@@ -114,5 +114,5 @@ def slanted_triangular(step: Step, total_train_steps: int, cut_fraction: float =
   train_steps = total_train_steps - start_step
   step = _float_step(step) - start_step
   cut = float(math.floor(train_steps * cut_fraction))
-  p = tf.where(step < cut, step / cut, 1.0 - (step - cut) / (cut * (1.0 / cut_fraction - 1.0)))
+  p = tf.where_v2(step < cut, step / cut, 1.0 - (step - cut) / (cut * (1.0 / cut_fraction - 1.0)))
   return max_learning_rate * (1.0 + p * (ratio - 1.0)) / ratio

@@ -110,7 +110,7 @@ class ByteVocabulary(Vocabulary):
     byte_ids = ids - self.num_reserved_ids
     keep = tf.logical_and(before_eos, tf.logical_and(byte_ids >= 0, byte_ids < 256))
     table = tf.constant([bytes([b]) for b in range(256)] + [b""])
-    return tf.strings.reduce_join(tf.gather(table, tf.where(keep, byte_ids, 256)), axis=-1)
+    return tf.strings.reduce_join(tf.gather(table, tf.where_v2(keep, byte_ids, 256)), axis=-1)
 
 
 class TFDSVocabulary(Vocabulary):
