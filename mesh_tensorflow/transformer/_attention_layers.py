@@ -1,0 +1,428 @@
+"""Self-attention, encoder-decoder attention and local self-attention layers.
+
+Re-exported (and gin-registered) as `mesh_tensorflow.transformer.transformer_layers.<Name>`.
+Variable names (`q`, `k`, `v`/`kv`, `o`, `relative_attention_bias`) are a checkpoint contract.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Optional
+
+import gin
+import tensorflow.compat.v1 as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import attention
+from mesh_tensorflow.transformer import transformer
+
+GIN_MODULE = "mesh_tensorflow.transformer.transformer_layers"
+RELATIVE_ATTENTION_TYPES = ("bias", "bias_shared", "contextual")
+
+
+def _relative_position_bucket(relative_position, bidirectional: bool = True, num_buckets: int = 32,
+                              max_distance: int = 128):
+  """T5's bucket of each relative position (memory_position - query_position), an int32 Tensor.
+
+  Distances below `num_buckets // 2` (halved again when bidirectional, where the upper half of
+  the buckets holds keys to the right of the query) each get their own bucket; larger distances
+  share logarithmically wider buckets up to `max_distance`, and everything beyond falls in the
+  last bucket. Unidirectional: keys to the right all map to bucket 0.
+  """
+  distance = -relative_position  # > 0: the memory position lies before the query
+  bucket = 0
+  if bidirectional:
+    num_buckets //= 2
+    bucket = mtf.to_int32(mtf.less(distance, 0)) * num_buckets
+    distance = mtf.abs(distance)
+  else:
+    distance = mtf.maximum(distance, 0)
+  num_exact = num_buckets // 2
+  log_ratio = mtf.log(mtf.to_float(distance) / num_exact + 1e-6) / math.log(max_distance / num_exact)
+  log_bucket = num_exact + mtf.to_int32(log_ratio * (num_buckets - num_exact))
+  log_bucket = mtf.minimum(log_bucket, num_buckets - 1)
+  return bucket + mtf.where(mtf.less(distance, num_exact), distance, log_bucket)
+
+
+def _bias_from_visibility(visible: mtf.Tensor, context) -> mtf.Tensor:
+  return attention.visibility_mask_to_attention_bias(visible, context.activation_dtype)
+
+
+def _check_relative_attention_type(layer: str, relative_attention_type) -> None:
+  if relative_attention_type is not None and relative_attention_type not in RELATIVE_ATTENTION_TYPES:
+    raise ValueError(f"{layer}: unknown relative_attention_type {relative_attention_type!r}; use one of "
+                     f"{RELATIVE_ATTENTION_TYPES} or None.")
+
+
+def _relative_attention_values(layer, context, heads_dims, buckets_dim: mtf.Dimension, q: mtf.Tensor,
+                               cache_key) -> mtf.Tensor:
+  """Per-bucket logit biases: a `relative_attention_bias` variable, or for "contextual" a dense of q."""
+  if layer.relative_attention_type == "contextual":
+    return mtf.layers.dense(q, reduced_dims=[layer.kv_dim], new_dims=[buckets_dim], use_bias=False,
+                            variable_dtype=context.variable_dtype, name="relative_attention_ak",
+                            expert_dims=context.model.ensemble_dims + list(heads_dims or []))
+  shared = layer.relative_attention_type == "bias_shared"
+  if shared and cache_key in context.cache:
+    return context.cache[cache_key]
+  values = mtf.get_variable(context.mesh, "relative_attention_bias",
+                            context.model.ensemble_dims + list(heads_dims or []) + [buckets_dim],
+                            dtype=context.variable_dtype)
+  if shared:
+    context.cache[cache_key] = values
+  return values
+
+
+def _relative_attention_bias(layer, context, relative_position, bidirectional: bool, heads_dims,
+                             q: mtf.Tensor, cache_key) -> mtf.Tensor:
+  buckets_dim = mtf.Dimension("buckets", layer.relative_attention_num_buckets)
+  buckets = _relative_position_bucket(relative_position, bidirectional=bidirectional,
+                                      num_buckets=buckets_dim.size)
+  values = _relative_attention_values(layer, context, heads_dims, buckets_dim, q, cache_key)
+  return mtf.gather(values, buckets, buckets_dim)
+
+
+def attention_params(context, kv_dim: mtf.Dimension, num_heads: int, num_memory_heads: int = 0,
+                     shared_kv: bool = False, no_query: bool = False, combine_dims: bool = True,
+                     keep_query_heads_dims: bool = False,
+                     fold_scaling_into_initializer: bool = True) -> attention.AttentionParams:
+  """AttentionParams for a layer with `num_heads` query heads over d_model.
+
+  num_memory_heads: 0 = as many key/value heads as query heads (`heads`); 1 = multi-query
+  attention (one shared key/value head); n > 1 = n key/value heads `heads`, each serving
+  num_heads / n query heads (`query_heads`).
+  """
+  if num_heads == 1:
+    query_heads_dims = None
+  else:
+    query_heads_dims = [mtf.Dimension("heads", num_heads)]
+  if num_memory_heads == 0:
+    memory_heads_dims = query_heads_dims
+  elif num_memory_heads == 1:
+    memory_heads_dims = None
+  else:
+    if num_heads % num_memory_heads:
+      raise ValueError(f"attention_params: num_memory_heads={num_memory_heads} must divide "
+                       f"num_heads={num_heads}.")
+    memory_heads_dims = [mtf.Dimension("heads", num_memory_heads)]
+    query_heads_dims = memory_heads_dims + [mtf.Dimension("query_heads", num_heads // num_memory_heads)]
+  model_dim = context.model.model_dim
+  return attention.AttentionParams(
+      context.mesh, query_input_dim=model_dim, memory_input_dim=model_dim, output_dim=model_dim,
+      key_dim=kv_dim, value_dim=kv_dim, query_heads_dims=query_heads_dims,
+      memory_heads_dims=memory_heads_dims, variable_dtype=context.variable_dtype, shared_kv=shared_kv,
+      no_query=no_query, ensemble_dim=context.model.ensemble_dim, combine_dims=combine_dims,
+      keep_query_heads_dims=keep_query_heads_dims,
+      fold_scaling_into_initializer=fold_scaling_into_initializer)
+
+
+@gin.configurable(module=GIN_MODULE)
+class SelfAttention(transformer.TransformerLayer):
+  """Multi-head self-attention over the length dimension.
+
+  Causality comes from the context's read/write priorities (a query sees the memory positions
+  whose write priority is at most its read priority); packed sequences are separated by
+  sequence_id (or subsequence_id). In "first_part" mode the keys/values are recorded as states;
+  in "incremental" mode (x has no length dim) the current step is written into those states at
+  `context.position` and the query attends over them.
+  """
+
+  def __init__(self, num_heads: int = 8, num_memory_heads: int = 0, key_value_size: int = 128,
+               shared_kv: bool = False, dropout_rate: float = 0.0, attention_kwargs: Optional[dict] = None,
+               relative_attention_type: Optional[str] = None, relative_attention_num_buckets: int = 32,
+               attention_func: Optional[str] = None, combine_dims: bool = True,
+               keep_query_heads_dims: bool = False, fold_scaling_into_initializer: bool = True):
+    _check_relative_attention_type(type(self).__name__, relative_attention_type)
+    self.num_heads = num_heads
+    self.num_memory_heads = num_memory_heads
+    self.key_value_size = key_value_size
+    self.shared_kv = shared_kv
+    self.dropout_rate = dropout_rate
+    self.attention_kwargs = attention_kwargs or {}
+    self.relative_attention_type = relative_attention_type
+    self.relative_attention_num_buckets = relative_attention_num_buckets
+    self.attention_func = attention_func
+    self.combine_dims = combine_dims
+    self.keep_query_heads_dims = keep_query_heads_dims
+    self.fold_scaling_into_initializer = fold_scaling_into_initializer
+
+  def make_params(self, context) -> attention.AttentionParams:
+    return attention_params(
+        context=context, kv_dim=self.kv_dim, num_heads=self.num_heads,
+        num_memory_heads=self.num_memory_heads, shared_kv=self.shared_kv, combine_dims=self.combine_dims,
+        keep_query_heads_dims=self.keep_query_heads_dims,
+        fold_scaling_into_initializer=self.fold_scaling_into_initializer)
+
+  @property
+  def kv_dim(self) -> mtf.Dimension:
+    return mtf.Dimension("d_kv", self.key_value_size)
+
+  def memory_length(self, context) -> mtf.Dimension:
+    return mtf.Dimension("memory_length", context.length_dim.size)
+
+  def rename_length_to_memory_length(self, x: mtf.Tensor, context) -> mtf.Tensor:
+    return mtf.replace_dimensions(x, context.length_dim, self.memory_length(context))
+
+  def min_relative_position(self, context) -> Optional[int]:
+    """Memory positions more than this far to the left are masked (None: no limit)."""
+    return None
+
+  def max_relative_position(self, context) -> Optional[int]:
+    """Memory positions more than this far to the right are masked (None: no limit)."""
+    return None
+
+  def attention_fn(self, *args, **kwargs) -> mtf.Tensor:
+    if self.attention_func == "hybrid":
+      return attention.hybrid_attention(*args, **kwargs)
+    return attention.attention(*args, **kwargs)
+
+  def attention_kwargs_from_context(self, context) -> dict:
+    kwargs = copy.copy(self.attention_kwargs)
+    kwargs["dropout_rate"] = self.dropout_rate if context.train else 0.0
+    kwargs.setdefault("dropout_broadcast_dims", [context.length_dim])
+    return kwargs
+
+  def expected_attention_output_shape(self, x: mtf.Tensor, params) -> mtf.Shape:
+    if self.keep_query_heads_dims:
+      return mtf.Shape(x.shape[:-1] + params.query_heads_dims + x.shape[-1:])
+    return x.shape
+
+  def layer_output_from_attention_output(self, context, attention_output: mtf.Tensor, losses) -> mtf.Tensor:
+    return attention_output
+
+  def compute_bias(self, context, memory_position: mtf.Tensor, x: mtf.Tensor, heads_dims,
+                   q: mtf.Tensor) -> Optional[mtf.Tensor]:
+    """The sum of the attention logit biases (masks and relative-position terms), or None."""
+    min_relative_position = self.min_relative_position(context)
+    max_relative_position = self.max_relative_position(context)
+    relative_position = memory_position - context.position
+    biases = []
+    if min_relative_position is not None:
+      biases.append(_bias_from_visibility(
+          mtf.greater_equal(relative_position, min_relative_position), context))
+    if max_relative_position is not None:
+      biases.append(_bias_from_visibility(
+          mtf.less_equal(relative_position, max_relative_position), context))
+    if context.read_priority is not None:
+      biases.append(_bias_from_visibility(mtf.greater_equal(
+          context.read_priority, self.rename_length_to_memory_length(context.write_priority, context)),
+          context))
+    sequence_id = self._sequence_id_for_masking(context)
+    if sequence_id is not None:
+      biases.append(_bias_from_visibility(
+          mtf.equal(sequence_id, self.rename_length_to_memory_length(sequence_id, context)), context))
+    if self.relative_attention_type is not None:
+      cache_key = ("self_attention_bias", min_relative_position, max_relative_position,
+                   tuple(heads_dims or []))
+      biases.append(_relative_attention_bias(
+          self, context, relative_position, not context.model.fully_autoregressive, heads_dims, q,
+          cache_key))
+    return mtf.add_n(biases) if biases else None
+
+  def _sequence_id_for_masking(self, context) -> Optional[mtf.Tensor]:
+    """subsequence_id (several targets per input) or sequence_id, when it runs along the length."""
+    for sequence_id in (context.subsequence_id, context.sequence_id):
+      if isinstance(sequence_id, mtf.Tensor):
+        return sequence_id if context.length_dim in sequence_id.shape.dims else None
+    return None
+
+  def update_memory(self, context, kv_list: list) -> tuple:
+    """Keys/values over `memory_length` (and the memory positions), recording decoding states.
+
+    Full modes rename length to memory_length; "incremental" writes this step's (length-less)
+    keys/values into the recorded states at context.position.
+    """
+    memory_length = self.memory_length(context)
+    if context.mode == "incremental":
+      one_hot = mtf.one_hot(context.position, memory_length, dtype=context.activation_dtype)
+      old_states = context.get_states(len(kv_list))
+      kv_list = [old * (1.0 - one_hot) + new * one_hot for old, new in zip(old_states, kv_list)]
+      memory_position = mtf.range(context.mesh, memory_length, tf.int32)
+    else:
+      kv_list = [self.rename_length_to_memory_length(t, context) for t in kv_list]
+      memory_position = self.rename_length_to_memory_length(context.position, context)
+    if context.mode in ("incremental", "first_part"):
+      context.record_new_states(kv_list)
+    return kv_list, memory_position
+
+  def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
+    params = self.make_params(context)
+    q = params.compute_q(x)
+    kv_list = [params.compute_kv(x)] if self.shared_kv else [params.compute_k(x), params.compute_v(x)]
+    kv_list, memory_position = self.update_memory(context, kv_list)
+    k, v = kv_list * 2 if self.shared_kv else kv_list
+    bias = self.compute_bias(context, memory_position, x, params.query_heads_dims, q)
+    o = self.attention_fn(
+        q, k, v, context=context, memory_length_dim=self.memory_length(context), key_dim=self.kv_dim,
+        value_dim=self.kv_dim, bias=bias, **self.attention_kwargs_from_context(context))
+    attention_output = params.compute_output(o, output_shape=self.expected_attention_output_shape(x, params))
+    return self.layer_output_from_attention_output(context, attention_output, losses)
+
+
+@gin.configurable(module=GIN_MODULE)
+def relative_position_spans(context, num_sentinels: int = gin.REQUIRED,
+                            vocab_size: Optional[int] = None) -> mtf.Tensor:
+  """Encoder-minus-decoder span positions [batch, length, memory_length] for span-corruption models.
+
+  Inputs are text with dropped spans replaced by sentinels; targets are the dropped spans, each
+  after its sentinel. Sentinels are the top `num_sentinels` ids below `vocab_size` (default: the
+  padded output vocabulary size). With s = "is a sentinel", encoder positions are 2*cumsum(s) - s
+  (text between sentinels even, sentinel k at 2k-1) and decoder positions 2*cumsum(s) - 1 (the
+  whole k-th target span sits where sentinel k was), so a target token is at relative position 0
+  from its sentinel, -1 from the text just before the gap, +1 from the text just after it.
+  """
+  if vocab_size is None:
+    vocab_size = context.model.output_vocab_dim.size
+  if context.inputs is None or context.encoder_inputs is None:
+    raise ValueError("relative_position_spans needs context.inputs and context.encoder_inputs (the "
+                     "decoder and encoder token ids); it does not support incremental decoding.")
+
+  def span_counts(ids):
+    is_sentinel = mtf.to_int32(mtf.greater_equal(ids, vocab_size - num_sentinels))
+    length_dim = ids.shape.dims[-1]
+    return 2 * mtf.cumsum(is_sentinel, length_dim), is_sentinel
+
+  decoder_count, _ = span_counts(context.inputs)
+  encoder_count, encoder_is_sentinel = span_counts(context.encoder_inputs)
+  return (encoder_count - encoder_is_sentinel) - (decoder_count - 1)
+
+
+def enc_dec_attention_bias(layer, context, heads_dims,
+                           q: Optional[mtf.Tensor] = None) -> Optional[mtf.Tensor]:
+  """Encoder-decoder attention bias: segment (or padding) mask plus optional span-relative bias."""
+  biases = []
+  if isinstance(context.encoder_sequence_id, mtf.Tensor):
+    if isinstance(context.sequence_id, mtf.Tensor):
+      visible = mtf.equal(context.sequence_id, context.encoder_sequence_id)
+    else:  # decoding: no decoder segments, so only hide the encoder padding
+      visible = mtf.not_equal(context.encoder_sequence_id, 0)
+    biases.append(_bias_from_visibility(visible, context))
+  if layer.relative_attention_type is not None:
+    cache_key = ("enc_dec_attention_bias", tuple(heads_dims or []))
+    biases.append(_relative_attention_bias(
+        layer, context, relative_position_spans(context), True, heads_dims, q, cache_key))
+  return mtf.add_n(biases) if biases else None
+
+
+def enc_dec_attention(self_attention_layer: SelfAttention, memory_antecedent: mtf.Tensor, context,
+                      x: mtf.Tensor, losses, attention_fn=None) -> mtf.Tensor:
+  """Attention of x over `memory_antecedent` (dims [batch..., memory_length, d_model]).
+
+  The keys/values are computed once: "first_part" records them as a constant state and
+  "incremental" reads them back.
+  """
+  layer = self_attention_layer
+  if memory_antecedent.shape.dims[-1] != context.model.model_dim:
+    raise ValueError(f"{type(layer).__name__}: the encoder output's last dim "
+                     f"{memory_antecedent.shape.dims[-1]} differs from the decoder's d_model "
+                     f"{context.model.model_dim}; give encoder and decoder the same d_model.")
+  params = layer.make_params(context)
+  q = params.compute_q(x)
+  if context.mode == "incremental":
+    k, v, memory_length = context.get_constant_state()
+  else:
+    if layer.shared_kv:
+      k = v = params.compute_kv(memory_antecedent)
+    else:
+      k, v = params.compute_k(memory_antecedent), params.compute_v(memory_antecedent)
+    memory_length = memory_antecedent.shape.get_dim_by_name("memory_length")
+    if context.mode == "first_part":
+      context.record_constant_state((k, v, memory_length))
+  bias = enc_dec_attention_bias(layer, context, params.query_heads_dims, q)
+  attention_fn = attention_fn or layer.attention_fn
+  o = attention_fn(q, k, v, memory_length, layer.kv_dim, layer.kv_dim, bias, context=context,
+                   **layer.attention_kwargs_from_context(context))
+  attention_output = params.compute_output(o, output_shape=layer.expected_attention_output_shape(x, params))
+  return layer.layer_output_from_attention_output(context, attention_output, losses)
+
+
+@gin.configurable(module=GIN_MODULE)
+class EncDecAttention(SelfAttention):
+  """Multi-head attention of the decoder over `context.encoder_output` (dim `memory_length`)."""
+
+  def __init__(self, relative_attention_type: Optional[str] = None, **kwargs):
+    super().__init__(relative_attention_type=relative_attention_type, **kwargs)
+
+  def _get_memory_antecedent(self, context) -> mtf.Tensor:
+    return context.encoder_output
+
+  def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
+    return enc_dec_attention(self, self._get_memory_antecedent(context), context, x, losses)
+
+
+@gin.configurable(module=GIN_MODULE)
+class LocalSelfAttention(SelfAttention):
+  """Self-attention where each position sees only the `radius` positions ending at itself.
+
+  (And, unless the model is fully autoregressive, `radius` positions to its right.) Sequences up
+  to max(256, 4 * radius) use masked full attention; longer ones attention.local_attention_1d.
+  Decoding keeps a `window` of the last `radius` keys/values, slot = position mod radius.
+  """
+
+  def __init__(self, radius: int = 128, num_heads: int = 8, num_memory_heads: int = 0,
+               key_value_size: int = 128, shared_kv: bool = False, dropout_rate: float = 0.0,
+               attention_kwargs: Optional[dict] = None):
+    super().__init__(num_heads=num_heads, num_memory_heads=num_memory_heads, key_value_size=key_value_size,
+                     shared_kv=shared_kv, dropout_rate=dropout_rate, attention_kwargs=attention_kwargs)
+    self.radius = radius
+
+  @property
+  def window_dim(self) -> mtf.Dimension:
+    return mtf.Dimension("window", self.radius)
+
+  def min_relative_position(self, context) -> int:
+    return 1 - self.radius
+
+  def max_relative_position(self, context) -> Optional[int]:
+    return None if context.model.fully_autoregressive else self.radius
+
+  def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
+    params = self.make_params(context)
+    q = params.compute_q(x)
+    kv_list = [params.compute_kv(x)] if self.shared_kv else [params.compute_k(x), params.compute_v(x)]
+    kwargs = self.attention_kwargs_from_context(context)
+    if context.mode == "incremental":
+      o = self._incremental_attention(context, q, kv_list, kwargs)
+    elif context.length_dim.size <= max(256, 4 * self.radius):
+      memory_length = self.memory_length(context)
+      renamed = [self.rename_length_to_memory_length(t, context) for t in kv_list]
+      k, v = renamed * 2 if self.shared_kv else renamed
+      memory_position = self.rename_length_to_memory_length(context.position, context)
+      o = attention.attention(q, k, v, memory_length, self.kv_dim, self.kv_dim,
+                              self.compute_bias(context, memory_position, x, params.query_heads_dims, q),
+                              context=context, **kwargs)
+    else:
+      o = attention.local_attention_1d(
+          q=q, k=kv_list[0], v=kv_list[-1], length_dim=context.length_dim,
+          key_dim=self.kv_dim, value_dim=self.kv_dim,
+          fully_autoregressive=context.model.fully_autoregressive, radius=self.radius,
+          sequence_id=context.sequence_id, write_priority=context.write_priority,
+          read_priority=context.read_priority, attention_kwargs=kwargs)
+    if context.mode == "first_part":
+      context.record_new_states([self._recent_window(context, t) for t in kv_list])
+    return params.compute_output(o, output_shape=x.shape)
+
+  def _incremental_attention(self, context, q, kv_list, kwargs) -> mtf.Tensor:
+    window_position = mtf.range(context.mesh, self.window_dim, tf.int32)
+    current_slot = mtf.equal(window_position, mtf.mod(context.position, self.radius))
+    old_states = context.get_states(len(kv_list))
+    kv_list = [mtf.where(current_slot, new, old, output_shape=old.shape)
+               for new, old in zip(kv_list, old_states)]
+    context.record_new_states(kv_list)
+    k, v = kv_list * 2 if self.shared_kv else kv_list
+    # Before the window has filled up, its later slots hold nothing yet.
+    bias = _bias_from_visibility(mtf.greater_equal(context.position, window_position), context)
+    return attention.attention(q, k, v, self.window_dim, self.kv_dim, self.kv_dim, bias, context=context,
+                               **kwargs)
+
+  def _recent_window(self, context, t: mtf.Tensor) -> mtf.Tensor:
+    """The window state of t (the `radius` positions before initial_position, slot = pos mod radius)."""
+    window_position = mtf.range(context.mesh, self.window_dim, tf.int32)
+    position = mtf.range(context.mesh, context.length_dim, tf.int32)
+    select = mtf.logical_and(
+        mtf.equal(mtf.mod(position, self.radius), window_position),
+        mtf.logical_and(mtf.less(position, context.initial_position),
+                        mtf.greater_equal(position, context.initial_position - self.radius)))
+    state_shape = (t.shape - [context.length_dim, self.kv_dim]) + [self.window_dim, self.kv_dim]
+    return mtf.einsum([t, mtf.cast(select, t.dtype)], output_shape=state_shape,
+                      reduced_dims=[context.length_dim])

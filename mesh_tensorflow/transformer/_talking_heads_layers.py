@@ -1,0 +1,213 @@
+"""Talking-heads attention (arXiv:2003.02436) and general bilinear attention.
+
+Re-exported (and gin-registered) as `mesh_tensorflow.transformer.transformer_layers.<Name>`.
+Heads play three roles, each with its own dims given as (name, size) pairs: key heads (the
+q.k logits), softmax heads (the softmax) and value heads (weights . v). Learned linear maps mix
+the heads between roles: variable `logits` before the softmax and `weights` after it, skipped
+where two roles have the same dims.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import gin
+import tensorflow.compat.v1 as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer._attention_layers import GIN_MODULE, SelfAttention, enc_dec_attention_bias
+
+DYNAMIC_PROJECTIONS = ("x2l", "m2l", "x2w", "m2w")
+
+
+def _dims(pairs) -> list:
+  return [mtf.Dimension(name, size) for name, size in pairs]
+
+
+@gin.configurable(module=GIN_MODULE)
+class TalkingHeadsSelfAttention(SelfAttention):
+  """Talking-heads self-attention.
+
+  Variables: `q`, `k` [d_model, key heads, d_k], `v` [d_model, value heads, d_v], `o` [value
+  heads, d_v, d_model] (each a dense `kernel`), `logits` [key heads, softmax heads] and
+  `weights` [softmax heads, value heads]. dynamic_projections adds input-dependent head
+  mixing: "x2l"/"x2w" computed from the query position's input, "m2l"/"m2w" from the memory
+  position's, for the logits / weights projection (variables `<logits|weights>_<x|m>`,
+  stddev dynamic_projections_init_scale / sqrt(d_model)).
+  """
+
+  def __init__(self, key_heads_dims=(("heads", 12),), softmax_heads_dims=(("heads", 12),),
+               value_heads_dims=(("heads", 12),), key_size: int = 64, value_size: int = 64,
+               dropout_rate: float = 0.0, relative_attention_type: Optional[str] = None,
+               relative_attention_num_buckets: int = 32, dynamic_projections: Sequence[str] = (),
+               dynamic_projections_init_scale: float = 1e-2):
+    if relative_attention_type == "contextual":
+      raise ValueError(f"{type(self).__name__} supports relative_attention_type 'bias' or 'bias_shared', "
+                       f"not 'contextual'.")
+    unknown = set(dynamic_projections or ()) - set(DYNAMIC_PROJECTIONS)
+    if unknown:
+      raise ValueError(f"{type(self).__name__}: unknown dynamic_projections {sorted(unknown)}; use some of "
+                       f"{DYNAMIC_PROJECTIONS}.")
+    self.key_heads_dims = _dims(key_heads_dims)
+    self.softmax_heads_dims = _dims(softmax_heads_dims)
+    self.value_heads_dims = _dims(value_heads_dims)
+    super().__init__(num_heads=mtf.Shape(self.softmax_heads_dims).size, key_value_size=key_size,
+                     dropout_rate=dropout_rate, relative_attention_type=relative_attention_type,
+                     relative_attention_num_buckets=relative_attention_num_buckets)
+    self.key_size = key_size
+    self.value_size = value_size
+    self.dynamic_projections = list(dynamic_projections or ())
+    self.dynamic_projections_init_scale = dynamic_projections_init_scale
+
+  def _dense(self, context, x: mtf.Tensor, reduced_dims, new_dims, name: str, expert_dims=(),
+             kernel_initializer=None) -> mtf.Tensor:
+    return mtf.layers.dense(x, new_dims=list(new_dims), reduced_dims=list(reduced_dims),
+                            expert_dims=context.model.ensemble_dims + list(expert_dims), use_bias=False,
+                            variable_dtype=context.variable_dtype, kernel_initializer=kernel_initializer,
+                            name=name)
+
+  def key_dim(self, context) -> mtf.Dimension:
+    return mtf.Dimension("d_k", self.key_size)
+
+  def value_dim(self, context) -> mtf.Dimension:
+    return mtf.Dimension("d_v", self.value_size)
+
+  def compute_q(self, context, x: mtf.Tensor) -> mtf.Tensor:
+    key_dim = self.key_dim(context)
+    q = self._dense(context, x, [context.model.model_dim], self.key_heads_dims + [key_dim], "q")
+    return q * key_dim.size ** -0.5
+
+  def compute_k(self, context, m: mtf.Tensor) -> mtf.Tensor:
+    return self._dense(context, m, [context.model.model_dim], self.key_heads_dims + [self.key_dim(context)],
+                       "k")
+
+  def compute_v(self, context, m: mtf.Tensor) -> mtf.Tensor:
+    return self._dense(context, m, [context.model.model_dim],
+                       self.value_heads_dims + [self.value_dim(context)], "v")
+
+  def compute_y(self, context, o: mtf.Tensor, output_shape: mtf.Shape) -> mtf.Tensor:
+    y = self._dense(context, o, self.value_heads_dims + [self.value_dim(context)], [context.model.model_dim],
+                    "o")
+    return mtf.transpose(y, output_shape)
+
+  def memory_tensors(self, context, m: mtf.Tensor) -> list:
+    """What the memory keeps per position: [k, v] (decoding states record these)."""
+    return [self.compute_k(context, m), self.compute_v(context, m)]
+
+  def talking_heads(self, context, t: mtf.Tensor, name: str, input_heads_dims, output_heads_dims,
+                    sources: Sequence[tuple] = ()) -> mtf.Tensor:
+    """Maps t's input heads dims to output heads dims (identity where they coincide).
+
+    sources: (suffix, tensor with d_model) pairs, each adding a dynamic projection computed
+    from that tensor.
+    """
+    shared = [d for d in input_heads_dims if d in output_heads_dims]
+    reduced = [d for d in input_heads_dims if d not in output_heads_dims]
+    new = [d for d in output_heads_dims if d not in input_heads_dims]
+    if not (reduced or new):
+      return t
+    clashes = {d.name for d in reduced} & {d.name for d in new}
+    if clashes:
+      raise ValueError(f"{type(self).__name__}: heads dims {input_heads_dims} -> {output_heads_dims} reuse "
+                       f"the names {sorted(clashes)} with different sizes; give each role distinct names.")
+    out = self._dense(context, t, reduced, new, name, expert_dims=shared)
+    stddev = self.dynamic_projections_init_scale * context.model.model_dim.size ** -0.5
+    for suffix, source in sources:
+      projection = self._dense(context, source, [context.model.model_dim], reduced + new,
+                               "%s_%s" % (name, suffix), expert_dims=shared,
+                               kernel_initializer=tf.random_normal_initializer(stddev=stddev))
+      out += mtf.einsum([t, projection], output_shape=out.shape)
+    return out
+
+  def _sources(self, kind: str, x: mtf.Tensor, memory: Optional[mtf.Tensor]) -> list:
+    sources = []
+    for origin, tensor in (("x", x), ("m", memory)):
+      if origin + "2" + kind in self.dynamic_projections:
+        if tensor is None:
+          raise ValueError(f"{type(self).__name__}: dynamic projection {origin}2{kind} needs the memory "
+                           f"inputs, which incremental decoding does not keep.")
+        sources.append((origin, tensor))
+    return sources
+
+  def attention_internal(self, context, x: mtf.Tensor, q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor,
+                         memory_length: mtf.Dimension, bias, memory: Optional[mtf.Tensor]) -> mtf.Tensor:
+    """Talking-heads attention of q over (k, v); memory is the memory input (for m2* projections)."""
+    logits = mtf.layers.us_einsum([q, k], reduced_dims=[self.key_dim(context)])
+    logits = self.talking_heads(context, logits, "logits", self.key_heads_dims, self.softmax_heads_dims,
+                                self._sources("l", x, memory))
+    if bias is not None:
+      logits += mtf.cast(bias, logits.dtype)
+    weights = mtf.softmax(logits, memory_length)
+    if context.train and self.dropout_rate:
+      weights = mtf.dropout(weights, context.train, rate=self.dropout_rate,
+                            noise_shape=weights.shape - context.length_dim)
+    weights = self.talking_heads(context, weights, "weights", self.softmax_heads_dims, self.value_heads_dims,
+                                 self._sources("w", x, memory))
+    o = mtf.layers.us_einsum([weights, v], reduced_dims=[memory_length])
+    return self.compute_y(context, o, x.shape)
+
+  def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
+    q = self.compute_q(context, x)
+    memory, memory_position = self.update_memory(context, self.memory_tensors(context, x))
+    k, v = memory * 2 if len(memory) == 1 else memory
+    bias = self.compute_bias(context, memory_position, x, self.softmax_heads_dims, q)
+    memory_input = None if context.mode == "incremental" else self.rename_length_to_memory_length(x, context)
+    return self.attention_internal(context, x, q, k, v, self.memory_length(context), bias, memory_input)
+
+
+@gin.configurable(module=GIN_MODULE)
+class TalkingHeadsEncDecAttention(TalkingHeadsSelfAttention):
+  """Talking-heads attention over context.encoder_output (k/v kept as a constant decoding state)."""
+
+  def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
+    q = self.compute_q(context, x)
+    memory_input = context.encoder_output
+    memory_length = memory_input.shape.get_dim_by_name("memory_length")
+    if context.mode == "incremental":
+      memory = context.get_constant_state()
+    else:
+      memory = self.memory_tensors(context, memory_input)
+      if context.mode == "first_part":
+        context.record_constant_state(memory)
+    k, v = memory * 2 if len(memory) == 1 else memory
+    bias = enc_dec_attention_bias(self, context, self.softmax_heads_dims)
+    return self.attention_internal(context, x, q, k, v, memory_length, bias, memory_input)
+
+
+class _GeneralBilinearMixin:
+  """General bilinear attention: multi-head attention with d_kv = d_model and no k, v projections.
+
+  Projections on both q and k (or v and o) would be redundant, so k = v = the memory input and
+  only `q` [d_model, heads, d_model] and `o` [heads, d_model, d_model] are learned.
+  """
+
+  def key_dim(self, context) -> mtf.Dimension:
+    return context.model.model_dim
+
+  def value_dim(self, context) -> mtf.Dimension:
+    return context.model.model_dim
+
+  def memory_tensors(self, context, m: mtf.Tensor) -> list:
+    return [m]
+
+
+@gin.configurable(module=GIN_MODULE)
+class GeneralBilinearSelfAttention(_GeneralBilinearMixin, TalkingHeadsSelfAttention):
+  """General bilinear self-attention (see the talking-heads paper): d_kv = d_model, k = v = x."""
+
+  def __init__(self, heads_dims=(("heads", 12),), dropout_rate: float = 0.0,
+               relative_attention_type: Optional[str] = None, relative_attention_num_buckets: int = 32):
+    super().__init__(key_heads_dims=heads_dims, softmax_heads_dims=heads_dims, value_heads_dims=heads_dims,
+                     dropout_rate=dropout_rate, relative_attention_type=relative_attention_type,
+                     relative_attention_num_buckets=relative_attention_num_buckets)
+
+
+@gin.configurable(module=GIN_MODULE)
+class GeneralBilinearEncDecAttention(_GeneralBilinearMixin, TalkingHeadsEncDecAttention):
+  """General bilinear attention over context.encoder_output."""
+
+  def __init__(self, heads_dims=(("heads", 12),), dropout_rate: float = 0.0,
+               relative_attention_type: Optional[str] = None, relative_attention_num_buckets: int = 32):
+    super().__init__(key_heads_dims=heads_dims, softmax_heads_dims=heads_dims, value_heads_dims=heads_dims,
+                     dropout_rate=dropout_rate, relative_attention_type=relative_attention_type,
+                     relative_attention_num_buckets=relative_attention_num_buckets)
