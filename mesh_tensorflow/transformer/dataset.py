@@ -46,6 +46,7 @@ def _check_features(dataset: Dataset, keys: Sequence[str], caller: str) -> None:
       raise ValueError(f"{caller}: feature {k!r} must be a 1-D sequence, got shape {shapes[k]}")
 
 
+@gin.configurable
 def pack_dataset(dataset: Dataset, length: Length, keys: Sequence[str] | None = None,
                  use_custom_ops: bool = False) -> Dataset:
   """Greedily packs consecutive examples into examples of fixed `length` (pure TF ops).

@@ -1,0 +1,69 @@
+"""mesh_tensorflow.transformer.utils: gin flags and defaults, model-side helpers, and the training driver.
+
+Gin names: every configurable here is `utils.<name>` (e.g. `utils.tpu_mesh_shape.model_parallelism`,
+`utils.run.mode`). The bodies live in `_utils/` (model-side helpers) and `_train/` (the driver).
+"""
+
+from __future__ import annotations
+
+from mesh_tensorflow.transformer._train.checkpoints import (
+    get_step_from_checkpoint_path as get_step_from_checkpoint_path,
+)
+from mesh_tensorflow.transformer._utils.checkpoint_selection import (
+    flexible_ckpt_init_mapping as flexible_ckpt_init_mapping,
+    get_checkpoint_iterator as get_checkpoint_iterator,
+    init_checkpoint_variable_mapping as init_checkpoint_variable_mapping,
+    should_load_variable as should_load_variable,
+    variable_filter_max_size as variable_filter_max_size,
+)
+from mesh_tensorflow.transformer._utils.features import (
+    _MODEL_FEATURES as _MODEL_FEATURES,
+    _dynamic_text2self as _dynamic_text2self,
+    _filter_features as _filter_features,
+    _maybe_add_pretokenized_features as _maybe_add_pretokenized_features,
+    clean_decodes as clean_decodes,
+    encode_delimited_lm as encode_delimited_lm,
+    encode_inputs as encode_inputs,
+)
+from mesh_tensorflow.transformer._utils.gin_config import (
+    FLAGS as FLAGS,
+    parse_gin_defaults_and_flags as parse_gin_defaults_and_flags,
+)
+from mesh_tensorflow.transformer._utils.mesh_sizes import (
+    auto_train_steps as auto_train_steps,
+    compute_batch_size as compute_batch_size,
+    get_variable_dtype as get_variable_dtype,
+    serialize_num_microbatches as serialize_num_microbatches,
+    tpu_mesh_shape as tpu_mesh_shape,
+)
+from mesh_tensorflow.transformer._utils.metrics import metric_max as metric_max, metric_sum as metric_sum
+from mesh_tensorflow.transformer._utils.models import (
+    build_model as build_model,
+    separate_vocabularies as separate_vocabularies,
+)
+from mesh_tensorflow.transformer._utils.text_files import (
+    get_inputs_from_file as get_inputs_from_file,
+    write_lines_to_file as write_lines_to_file,
+)
+from mesh_tensorflow.transformer.vocabulary import (
+    inputs_vocabulary as inputs_vocabulary,
+    targets_vocabulary as targets_vocabulary,
+)
+
+# ---- Training driver (issue 9): re-exports from mesh_tensorflow.transformer._train go below. ----
+# run, tpu_estimator_model_fn, get_estimator, train_model, eval_model, infer_model, decode*,
+# compute_log_likelihoods, save_scores, score_*, export_model.
+from mesh_tensorflow.transformer._train.checkpoints import (  # noqa: E402
+    CheckpointMismatchError as CheckpointMismatchError,
+)
+from mesh_tensorflow.transformer._train.eval import save_scores as save_scores  # noqa: E402
+from mesh_tensorflow.transformer._train.export import export_model as export_model  # noqa: E402
+from mesh_tensorflow.transformer._train.loop import ModelRunner as ModelRunner  # noqa: E402
+from mesh_tensorflow.transformer._train.model_fn import build_model_graph as build_model_graph  # noqa: E402
+from mesh_tensorflow.transformer._train.run import (  # noqa: E402
+    decode_from_file as decode_from_file,
+    run as run,
+    score_from_dataset as score_from_dataset,
+    score_from_strings as score_from_strings,
+    train_model as train_model,
+)
