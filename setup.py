@@ -1,5 +1,6 @@
 """Install mesh_tensorflow. TensorFlow comes from an extra, so users keep the TF build they have:
-pip install -e '.[cpu]' (tensorflow-cpu) or '.[gpu]' (tensorflow with CUDA), plus '[test]' for tests."""
+pip install -e '.[cpu]' (tensorflow-cpu) or '.[gpu]' (tensorflow with CUDA), plus '[test]' for tests
+and '[docs]' for the API reference."""
 
 from setuptools import find_packages, setup
 
@@ -17,7 +18,9 @@ setup(
     extras_require={
         "cpu": ["tensorflow-cpu>=2.16"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
-        "test": ["pytest", "pytest-xdist", "hypothesis", "mock", "scipy", "ruff"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "mock", "scipy", "ruff", "pdoc>=14"],
+        # The API reference (scripts/build_api_docs.sh); the tests build it too, hence pdoc in "test".
+        "docs": ["pdoc>=14"],
     },
     classifiers=[
         "License :: OSI Approved :: Apache Software License",

@@ -1,0 +1,159 @@
+"""Every Python block and command line in README.md and docs/*.md runs as shown.
+
+Each Python block runs as a program of its own in a fresh interpreter, so it must set up what it
+needs (graph or eager mode, virtual devices, imports) as the page says. A block preceded by
+`<!-- fragment -->` is an excerpt and is skipped; at most MAX_FRAGMENT_SHARE of the blocks may be.
+Command lines (in sh/bash/console blocks, or after a `$ ` prompt) that run a repository script
+with Python are run with SHORT_SETTINGS appended; commands that install things are only checked
+to name existing scripts. New pages under docs/ are picked up automatically.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+from typing import NamedTuple
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+FRAGMENT_MARK = "<!-- fragment -->"
+MAX_FRAGMENT_SHARE = 0.25
+SHELL_LANGUAGES = ("sh", "bash", "shell", "console")
+PYTHONS = ("python", "python3", ".venv/bin/python")
+TIMEOUT_S = 300
+
+# Arguments appended to a documented command so that it runs in a few seconds (argparse: last wins).
+SHORT_SETTINGS = {
+    "examples/classifier.py": ["--steps", "5"],
+    "examples/spatial_conv.py": ["--steps", "2"],
+    "benchmarks/bench_classifier.py": ["--steps", "2", "--warmup", "1", "--batch_size", "32",
+                                       "--hidden", "32", "--lowering_devices", "1,8"],
+}
+
+# Documented commands this test does not run, by their first words, and why.
+NOT_RUN = {
+    ("python3", "-m", "venv"): "creates a virtual environment",
+    ("pip", "install"): "installs packages",
+    (".venv/bin/pip", "install"): "installs packages",
+    ("bash", "scripts/setup_env.sh"): "installs packages",
+    ("bash", "scripts/run_tests.sh"): "installs packages and runs the whole test suite",
+    ("bash", "scripts/run_example.sh"): "installs packages, then runs the main example",
+    ("bash", "scripts/build_api_docs.sh"): "run by tests/docs/test_api_reference.py",
+}
+
+
+class Block(NamedTuple):
+  page: pathlib.Path
+  line: int
+  language: str
+  code: str
+  fragment: bool
+
+  @property
+  def where(self) -> str:
+    return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def read_blocks(page: pathlib.Path) -> list:
+  """The fenced code blocks of a markdown page."""
+  blocks, lines = [], page.read_text(encoding="utf-8").splitlines()
+  i = 0
+  while i < len(lines):
+    match = re.match(r"^```(\w*)\s*$", lines[i])
+    if not match:
+      i += 1
+      continue
+    start, i = i, i + 1
+    while i < len(lines) and not lines[i].startswith("```"):
+      i += 1
+    previous = next((line.strip() for line in reversed(lines[:start]) if line.strip()), "")
+    blocks.append(Block(page, start + 1, match.group(1), "\n".join(lines[start + 1:i]) + "\n",
+                        previous == FRAGMENT_MARK))
+    i += 1
+  return blocks
+
+
+def all_blocks() -> list:
+  return [block for page in PAGES for block in read_blocks(page)]
+
+
+def python_blocks() -> list:
+  return [block for block in all_blocks() if block.language == "python"]
+
+
+def commands() -> list:
+  """(block, argv) for each command line shown: shell-block lines, and `$ ` lines elsewhere."""
+  found = []
+  for block in all_blocks():
+    if block.language == "python":
+      continue
+    for line in block.code.splitlines():
+      line = line.strip()
+      if line.startswith("$ "):
+        line = line[2:]
+      elif block.language not in SHELL_LANGUAGES:
+        continue
+      argv = shlex.split(line, comments=True)
+      if argv:
+        found.append((block, argv))
+  return found
+
+
+def run(argv: list, cwd: pathlib.Path) -> None:
+  env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+  result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+  assert result.returncode == 0, (
+      f"exit status {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+
+
+@pytest.mark.parametrize("block", [b for b in python_blocks() if not b.fragment], ids=lambda b: b.where)
+def test_python_block_runs(block, tmp_path):
+  program = tmp_path / "block.py"
+  program.write_text(block.code, encoding="utf-8")
+  run([sys.executable, str(program)], cwd=tmp_path)
+
+
+def command_id(x) -> str:
+  return x.where if isinstance(x, Block) else " ".join(x)
+
+
+@pytest.mark.parametrize("block,argv", commands(), ids=command_id)
+def test_command_runs(block, argv):
+  why_not_run = next((why for words, why in NOT_RUN.items() if tuple(argv[:len(words)]) == words), None)
+  if why_not_run is not None:
+    scripts = [ROOT / word for word in argv if word.endswith((".sh", ".py"))]
+    for script in scripts:
+      assert script.is_file(), f"{block.where}: {script} does not exist"
+      if script.suffix == ".sh":
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    return
+  assert argv[0] in PYTHONS and len(argv) > 1, (
+      f"{block.where}: don't know how to run {argv}; make it `python <script>` or add it to NOT_RUN")
+  script = argv[1]
+  assert (ROOT / script).is_file(), f"{block.where}: {script} does not exist"
+  run([sys.executable] + argv[1:] + SHORT_SETTINGS.get(script, []), cwd=ROOT)
+
+
+def test_few_python_blocks_are_fragments():
+  blocks = python_blocks()
+  fragments = [b.where for b in blocks if b.fragment]
+  assert len(blocks) >= 10, "the pages lost their examples?"
+  assert len(fragments) <= MAX_FRAGMENT_SHARE * len(blocks), (
+      f"{len(fragments)} of {len(blocks)} Python blocks are marked as fragments ({fragments}); "
+      f"make some of them complete programs")
+
+
+def test_block_reader_sees_fences_languages_and_fragment_marks(tmp_path):
+  page = tmp_path / "page.md"
+  page.write_text("text\n\n```python\nprint(1)\n```\n\n<!-- fragment -->\n\n```python\nx\n```\n"
+                  "```sh\npython a.py --n 2  # a comment\n```\n```\n$ python b.py\nout\n```\n")
+  blocks = read_blocks(page)
+  assert [(b.line, b.language, b.code, b.fragment) for b in blocks] == [
+      (3, "python", "print(1)\n", False), (9, "python", "x\n", True),
+      (12, "sh", "python a.py --n 2  # a comment\n", False), (15, "", "$ python b.py\nout\n", False)]
