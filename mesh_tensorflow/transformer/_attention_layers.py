@@ -39,7 +39,8 @@ def _relative_position_bucket(relative_position, bidirectional: bool = True, num
   else:
     distance = mtf.maximum(distance, 0)
   num_exact = num_buckets // 2
-  log_ratio = mtf.log(mtf.to_float(distance) / num_exact + 1e-6) / math.log(max_distance / num_exact)
+  # log(0) = -inf for distance 0 is harmless: those distances take the exact bucket below.
+  log_ratio = mtf.log(mtf.to_float(distance) / num_exact) / math.log(max_distance / num_exact)
   log_bucket = num_exact + mtf.to_int32(log_ratio * (num_buckets - num_exact))
   log_bucket = mtf.minimum(log_bucket, num_buckets - 1)
   return bucket + mtf.where(mtf.less(distance, num_exact), distance, log_bucket)

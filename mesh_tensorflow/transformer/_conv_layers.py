@@ -40,10 +40,10 @@ class Conv1D(transformer.TransformerLayer):
     """
     length_dim = x.shape.get_dim_by_name(length_dim_name)
     filter_dim = mtf.Dimension(length_dim_name + "_filter_width", filter_size)
-    indices = context.initial_position + mtf.range(x.mesh, filter_dim, tf.int32)
-    shifted = mtf.shift(x, filter_size, length_dim, wrap=False)
+    # Positions before 0 select nothing (gather is a one-hot einsum), so the state is zero-padded.
+    indices = context.initial_position - filter_size + mtf.range(x.mesh, filter_dim, tf.int32)
     state_shape = mtf.Shape(x.shape.dims[:-2] + [filter_dim] + x.shape.dims[-1:])
-    context.record_new_states([mtf.gather(shifted, indices, length_dim, output_shape=state_shape)])
+    context.record_new_states([mtf.gather(x, indices, length_dim, output_shape=state_shape)])
 
   def record_states_incremental_mode(self, context, x: mtf.Tensor, filter_size: int,
                                      length_dim_name: str = "length") -> mtf.Tensor:

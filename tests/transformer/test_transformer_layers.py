@@ -82,7 +82,8 @@ def test_dense_relu_dense_dropout_only_in_training():
 # T5 buckets, computed by hand: bidirectional 32 buckets = 16 per side, 8 exact, then
 # 8 + int(log(n / 8) / log(128 / 8) * 8); unidirectional: 16 exact, 16 + int(log(n / 16) / log(8) * 16).
 BUCKET_CASES = [
-    (True, [0, -1, -7, -8, -12, -20, -127, -1000, 1, 12, 500], [0, 1, 7, 8, 9, 10, 15, 15, 17, 25, 31]),
+    (True, [0, -1, -7, -8, -12, -16, -20, -32, -64, -127, -1000, 1, 12, 500],
+     [0, 1, 7, 8, 9, 10, 10, 12, 14, 15, 15, 17, 25, 31]),
     (False, [5, 0, -3, -15, -16, -40, -200], [0, 0, 3, 15, 16, 23, 31]),
 ]
 

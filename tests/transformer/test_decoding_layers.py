@@ -1,0 +1,97 @@
+"""Incremental decoding of transformer layers equals one full pass.
+
+Each layer runs once over the whole sequence, then as a decoder would: a "first_part" pass over
+a prefix (later positions zeroed, as in decoding) records its states, and "incremental" calls
+feed one position at a time, each reading the previous step's states. Every step's output must
+equal the full pass at that position.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import transformer, transformer_layers
+from tests.harness import lower_and_evaluate
+from tests.transformer.layer_context import VARIABLE_DTYPE, call_layer, make_context, model_stub
+
+RNG = np.random.RandomState(1)
+BATCH, LENGTH, D_MODEL = 2, 6, 8
+X_SHAPE = "batch:2;length:6;d_model:8"
+ENCODER_SHAPE = "batch:2;memory_length:5;d_model:8"
+INITIAL_POSITION = 3
+
+
+def _decode(mesh, layer, x_np, encoder_np=None):
+  """[full pass, first_part pass, step outputs stacked along length] for the positions decoded."""
+  model = model_stub(D_MODEL)
+  x = mtf.import_tf_tensor(mesh, tf.constant(x_np), shape=X_SHAPE)
+  batch_dim, length_dim = x.shape.dims[:2]
+  extra = {}
+  if encoder_np is not None:
+    extra["encoder_output"] = mtf.import_tf_tensor(mesh, tf.constant(encoder_np), shape=ENCODER_SHAPE)
+  full = call_layer(layer, make_context(x, model, **extra), x)
+  prefix = np.where(np.arange(LENGTH)[None, :, None] < INITIAL_POSITION, x_np, 0.0).astype(np.float32)
+  prefix = mtf.import_tf_tensor(mesh, tf.constant(prefix), shape=X_SHAPE)
+  initial_position = mtf.constant(mesh, INITIAL_POSITION, mtf.Shape([batch_dim]), dtype=tf.int32)
+  first_part = make_context(prefix, model, mode="first_part", initial_position=initial_position, **extra)
+  first_part_y = call_layer(layer, first_part, prefix)
+  states, steps = first_part.new_states, []
+  for t in range(INITIAL_POSITION, LENGTH):
+    position = mtf.constant(mesh, t, mtf.Shape([batch_dim]), dtype=tf.int32)
+    context = transformer.Context(
+        model=model, mesh=mesh, batch_dims=[batch_dim], length_dim=length_dim, variable_dtype=VARIABLE_DTYPE,
+        mode="incremental", position=position, states=states, new_states=[],
+        constant_states=first_part.constant_states, read_priority=position,
+        write_priority=mtf.range(mesh, length_dim, tf.int32), initial_position=initial_position, **extra)
+    steps.append(call_layer(layer, context, mtf.gather(x, t, length_dim)))
+    assert len(context.new_states) == len(states)
+    states = context.new_states
+  return [full, first_part_y, mtf.stack(steps, "steps", axis=1)]
+
+
+DECODING_LAYERS = {
+    "self_attention": lambda: transformer_layers.SelfAttention(
+        num_heads=4, key_value_size=2, relative_attention_type="bias"),
+    "shared_kv_multi_query": lambda: transformer_layers.SelfAttention(
+        num_heads=4, num_memory_heads=1, key_value_size=2, shared_kv=True),
+    "local_self_attention": lambda: transformer_layers.LocalSelfAttention(
+        radius=3, num_heads=4, key_value_size=2),
+    "enc_dec_attention": lambda: transformer_layers.EncDecAttention(num_heads=4, key_value_size=2),
+    "talking_heads": lambda: transformer_layers.TalkingHeadsSelfAttention(
+        key_heads_dims=[("heads", 4)], softmax_heads_dims=[("softmax_heads", 2)],
+        value_heads_dims=[("heads", 4)], key_size=2, value_size=2, dynamic_projections=["x2l", "x2w"]),
+    "general_bilinear": lambda: transformer_layers.GeneralBilinearSelfAttention(heads_dims=[("heads", 4)]),
+    "conv1d": lambda: transformer_layers.Conv1DLayer(filter_size=3, output_size=D_MODEL, activation="relu"),
+    "separable_conv1d": lambda: transformer_layers.SeparableConv1DLayer(
+        min_relative_pos=-4, max_relative_pos=0, output_size=D_MODEL),
+    "dynamic_conv_block": lambda: transformer_layers.LocalConvAttnBlock(
+        min_relative_pos=-3, max_relative_pos=0, num_heads=2, conv_type="dynamic"),
+}
+
+
+SHARDED = ("self_attention", "enc_dec_attention")
+
+
+@pytest.mark.parametrize("name", sorted(DECODING_LAYERS))
+def test_incremental_decoding_equals_full_pass(name):
+  layer = DECODING_LAYERS[name]()
+  x = RNG.randn(BATCH, LENGTH, D_MODEL).astype(np.float32)
+  encoder = RNG.randn(BATCH, 5, D_MODEL).astype(np.float32) if name == "enc_dec_attention" else None
+  # Layouts are covered by the full-pass tests; the attention layers also decode on a 2-D mesh here.
+  mesh_shape, layout = ("batch:2;model:2", "batch:batch;heads:model") if name in SHARDED else ("all:1", "")
+  full, first_part, steps = lower_and_evaluate(lambda mesh: _decode(mesh, layer, x, encoder), mesh_shape,
+                                               layout)
+  prefix = slice(0, INITIAL_POSITION)
+  np.testing.assert_allclose(first_part[:, prefix], full[:, prefix], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(steps, full[:, INITIAL_POSITION:], rtol=1e-4, atol=1e-5)
+
+
+def test_decoding_a_non_causal_separable_convolution_is_rejected():
+  layer = transformer_layers.SeparableConv1DLayer(min_relative_pos=-1, max_relative_pos=1,
+                                                  output_size=D_MODEL)
+  x = RNG.randn(BATCH, LENGTH, D_MODEL).astype(np.float32)
+  with pytest.raises(ValueError, match=r"causal filter .*\[-1, 1\]"):
+    lower_and_evaluate(lambda mesh: _decode(mesh, layer, x))
