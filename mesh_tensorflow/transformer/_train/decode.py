@@ -85,11 +85,11 @@ def eval_decodes(runner: loop.ModelRunner, eval_datasets: Sequence, targets_voca
   `<name>/<metric>` at the checkpoint's step.
   """
   step = loop.checkpoint_step(checkpoint)
-  writer = tf.summary.FileWriter(summary_dir)
+  writer = progress.summary_writer(summary_dir)
   results = {}
   limit = None if max_batches is None else max_batches * runner.batch_size
   for eval_dataset in eval_datasets:
-    examples = list(itertools.islice(inputs.iterate_examples(eval_dataset.dataset_fn()), limit))
+    examples = list(itertools.islice(inputs.iterate_examples(eval_dataset.dataset_fn), limit))
     predictions = [targets_vocabulary.decode(ids)
                    for ids in decode_ids(runner, [e["inputs"] for e in examples], checkpoint)]
     if eval_dataset.postprocess_fn is not None:

@@ -37,20 +37,20 @@ def _log_likelihoods(session, placeholders, outputs, batches) -> tuple:
 
 def perplexity_eval(runner: loop.ModelRunner, eval_datasets: Sequence, checkpoint_paths: Sequence[str],
                     summary_dir: str, max_batches: int | None = None, print_fn: Callable = print) -> list:
-  """Mean negative log-likelihood per target token of each (name, dataset) at each checkpoint.
+  """Mean negative log-likelihood per target token of each (name, dataset_fn) at each checkpoint.
 
   Writes `<name>/loss`, `<name>/perplexity` and `<name>/bits_per_token` scalars to summary_dir and
   returns one dict per (checkpoint, dataset): step, dataset, loss, perplexity, bits_per_token,
   tokens, examples.
   """
   lengths = model_feature_lengths(runner.model, runner.sequence_length)
-  writer = tf.summary.FileWriter(summary_dir)
+  writer = progress.summary_writer(summary_dir)
   results = []
   for path in checkpoint_paths:
     step = loop.checkpoint_step(path)
     with loop.restored_session(runner, "eval", lengths, path) as (session, placeholders, outputs):
-      for name, dataset in eval_datasets:
-        batches = inputs.numpy_batches(dataset, runner.batch_size, lengths, max_batches)
+      for name, dataset_fn in eval_datasets:
+        batches = inputs.numpy_batches(dataset_fn, runner.batch_size, lengths, max_batches)
         lls, counts = _log_likelihoods(session, placeholders, outputs, batches)
         if counts.sum() == 0:
           raise ValueError(f"Eval dataset {name!r} yielded no target tokens; check its dataset_fn.")
@@ -70,12 +70,12 @@ def perplexity_eval(runner: loop.ModelRunner, eval_datasets: Sequence, checkpoin
 def score_examples(runner: loop.ModelRunner, examples: Sequence[dict], checkpoint: str) -> list:
   """Log-likelihood of each example ({"inputs": ids, "targets": ids}) under the checkpoint."""
   lengths = model_feature_lengths(runner.model, runner.sequence_length)
-  dataset = tf.data.Dataset.from_generator(
+  dataset_fn = lambda: tf.data.Dataset.from_generator(
       lambda: ({k: np.asarray(e[k], np.int32) for k in lengths} for e in examples),
       output_signature={k: tf.TensorSpec([None], tf.int32) for k in lengths})
   with loop.restored_session(runner, "eval", lengths, checkpoint) as (session, placeholders, outputs):
     lls, _ = _log_likelihoods(session, placeholders, outputs,
-                              inputs.numpy_batches(dataset, runner.batch_size, lengths))
+                              inputs.numpy_batches(dataset_fn, runner.batch_size, lengths))
   return [float(x) for x in lls]
 
 

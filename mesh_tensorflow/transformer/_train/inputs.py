@@ -8,7 +8,7 @@ sees exactly what an uninterrupted run would have seen.
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -24,7 +24,8 @@ def _model_features(example: dict) -> dict:
 def training_features(dataset: tf.data.Dataset, batch_size: int, batches_to_skip: int = 0) -> dict:
   """{feature: [batch_size, length] tensor} from the next batch of the repeated dataset.
 
-  Call inside the training graph; each run of a tensor that depends on it reads one batch.
+  Call inside the training graph, with a dataset built in it; each run of a tensor that depends
+  on the result reads one batch.
   """
   ds = dataset.map(_model_features).repeat().batch(batch_size, drop_remainder=True)
   if batches_to_skip > 0:
@@ -32,10 +33,10 @@ def training_features(dataset: tf.data.Dataset, batch_size: int, batches_to_skip
   return tf.data.make_one_shot_iterator(ds.prefetch(2)).get_next()
 
 
-def iterate_examples(dataset: tf.data.Dataset) -> Iterator[dict]:
-  """The examples of a finite dataset as dicts of numpy values (read in a graph of their own)."""
+def iterate_examples(dataset_fn: Callable[[], tf.data.Dataset]) -> Iterator[dict]:
+  """The examples of the finite dataset_fn() as dicts of numpy values (in a graph of their own)."""
   with tf.Graph().as_default():
-    next_example = tf.data.make_one_shot_iterator(dataset).get_next()
+    next_example = tf.data.make_one_shot_iterator(dataset_fn()).get_next()
     with tf.Session() as session:
       while True:
         try:
@@ -44,15 +45,15 @@ def iterate_examples(dataset: tf.data.Dataset) -> Iterator[dict]:
           return
 
 
-def numpy_batches(dataset: tf.data.Dataset, batch_size: int, lengths: dict,
+def numpy_batches(dataset_fn: Callable[[], tf.data.Dataset], batch_size: int, lengths: dict,
                   max_batches: int | None = None) -> Iterator:
   """Yields (batch, num_real_examples): {feature: int32 array [batch_size, lengths[feature]]}.
 
-  Reads the finite `dataset` once; examples are zero-padded (or cut) to `lengths` and the last
+  Reads the finite dataset_fn() once; examples are zero-padded (or cut) to `lengths` and the last
   batch is filled with all-zero examples, which count as padding everywhere (targets 0 carry no
   weight).
   """
-  examples = iterate_examples(dataset)
+  examples = iterate_examples(dataset_fn)
   count = 0
   while max_batches is None or count < max_batches:
     rows = list(itertools.islice(examples, batch_size))

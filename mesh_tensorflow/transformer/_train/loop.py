@@ -76,9 +76,12 @@ def _learning_rate(schedule, global_step):
   return schedule(step=global_step) if callable(schedule) else schedule
 
 
-def train(model, dataset: tf.data.Dataset, config: TrainConfig, variable_dtype,
+def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: TrainConfig, variable_dtype,
           print_fn: Callable = print) -> dict:
-  """Trains until global step config.train_steps; returns {"step", "loss", "first_step_seconds"}."""
+  """Trains until global step config.train_steps; returns {"step", "loss", "first_step_seconds"}.
+
+  dataset_fn() builds the (unbatched, finite or not) training dataset inside the training graph.
+  """
   started = time.time()
   tf.io.gfile.makedirs(config.model_dir)
   for leftover in checkpoints.remove_partial_saves(config.model_dir):
@@ -92,7 +95,7 @@ def train(model, dataset: tf.data.Dataset, config: TrainConfig, variable_dtype,
     print_fn(f"Resuming from {latest} at step {start_step}.")
   with tf.Graph().as_default():
     tf.set_random_seed(GRAPH_SEED)
-    features = inputs.training_features(dataset, config.batch_size,
+    features = inputs.training_features(dataset_fn(), config.batch_size,
                                         start_step - config.seen_data_init_step)
     global_step = tf.train.get_or_create_global_step()
     mesh_impl = model_fn.make_mesh_impl(config.mesh_shape, config.layout_rules, config.mesh_devices)
@@ -106,7 +109,7 @@ def train(model, dataset: tf.data.Dataset, config: TrainConfig, variable_dtype,
                                             before_save=built.lowering.copy_slices_to_masters())
     fetches = [built.train_op, built.outputs["loss"], built.outputs["learning_rate"],
                built.outputs["tokens"]]
-    writer = tf.summary.FileWriter(config.model_dir)
+    writer = progress.summary_writer(config.model_dir)
     with tf.Session(config=model_fn.session_config(config.mesh_devices)) as session:
       initialize_and_restore(session, built.lowering, latest, manager, config.init_checkpoint, print_fn)
       reporter = progress.ProgressReporter(writer, start_step, config.train_steps, print_fn)

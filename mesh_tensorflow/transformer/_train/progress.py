@@ -24,6 +24,12 @@ def format_duration(seconds: float) -> str:
   return "%dm%02ds" % (minutes, seconds) if minutes else "%ds" % seconds
 
 
+def summary_writer(log_dir: str):
+  """A tf.summary FileWriter for event files in log_dir (it may be created in eager mode too)."""
+  with tf.Graph().as_default():
+    return tf.summary.FileWriter(log_dir)
+
+
 def write_scalars(writer, step: int, scalars: dict) -> None:
   """Writes {tag: float} at `step` to a tf.summary FileWriter."""
   summary = tf.Summary(value=[tf.Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()])

@@ -40,9 +40,9 @@ def train_model(config: loop.TrainConfig, model, vocabulary, sequence_length: di
   """The default `utils.run.train_model_fn`: builds the training dataset and runs the loop."""
   if train_dataset_fn is None:
     raise ValueError("mode 'train' needs utils.run.train_dataset_fn.")
-  dataset = train_dataset_fn(sequence_length=sequence_length, vocabulary=vocabulary,
-                             dataset_split=dataset_split)
-  return loop.train(model, dataset, config, variable_dtype, print_fn)
+  dataset_fn = functools.partial(train_dataset_fn, sequence_length=sequence_length, vocabulary=vocabulary,
+                                 dataset_split=dataset_split)
+  return loop.train(model, dataset_fn, config, variable_dtype, print_fn)
 
 
 @gin.configurable(module=GIN_MODULE)
@@ -79,9 +79,9 @@ def score_from_dataset(runner, vocabulary, checkpoint_path: str, dataset_split: 
   if dataset_fn is None:
     raise ValueError("mode 'score_from_dataset' needs utils.score_from_dataset.score_dataset_fn or "
                      "utils.run.train_dataset_fn.")
-  dataset = dataset_fn(sequence_length=runner.sequence_length, vocabulary=vocabulary,
-                       dataset_split=dataset_split)
-  scores = eval_lib.score_examples(runner, list(inputs.iterate_examples(dataset)), checkpoint_path)
+  dataset_fn = functools.partial(dataset_fn, sequence_length=runner.sequence_length, vocabulary=vocabulary,
+                                 dataset_split=dataset_split)
+  scores = eval_lib.score_examples(runner, list(inputs.iterate_examples(dataset_fn)), checkpoint_path)
   eval_lib.save_scores(scores, scores_filename)
   return scores
 
@@ -185,7 +185,7 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
   paths = _checkpoints_to_evaluate(eval_checkpoint_step, model_dir)
   if mode == "perplexity_eval":
     datasets = _eval_datasets(eval_dataset_fn, train_dataset_fn, sequence_length, vocabulary, dataset_split)
-    return eval_lib.perplexity_eval(runner, [(d.name, d.dataset_fn()) for d in datasets], paths, summary_dir,
+    return eval_lib.perplexity_eval(runner, [(d.name, d.dataset_fn) for d in datasets], paths, summary_dir,
                                     max_batches=perplexity_eval_steps)
   if mode == "eval":
     datasets = _eval_datasets(eval_dataset_fn, train_dataset_fn, sequence_length, vocabulary, dataset_split)
@@ -194,7 +194,7 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
   if mode == "score_eval":
     datasets = _eval_datasets(eval_dataset_fn, train_dataset_fn, sequence_length, vocabulary, dataset_split)
     return {(loop.checkpoint_step(p), d.name): eval_lib.score_examples(
-        runner, list(inputs.iterate_examples(d.dataset_fn())), p) for p in paths for d in datasets}
+        runner, list(inputs.iterate_examples(d.dataset_fn)), p) for p in paths for d in datasets}
   if mode == "infer":
     return {loop.checkpoint_step(p): decode_from_file(runner, vocabulary, p) for p in paths}
   if mode == "score_from_strings":

@@ -1,0 +1,155 @@
+r"""The bundled Transformer example, run through `utils.run` with gin files.
+
+Task "lm" (default): a byte-level decoder-only language model on CPython's documentation text
+(pydoc_data.topics), on 8 virtual CPU devices with the mesh and layout of a gin layout file
+(default `layouts/cpu8_dp_mp.gin`: mesh batch:2,model:4 over cpu:0..cpu:7). It trains, reports
+held-out bits per byte (perplexity_eval), continues a few held-out prompts greedily and by
+sampling (infer), and draws the loss curve to model_dir/loss_curve.png (if matplotlib is installed).
+
+Task "reverse": an encoder-decoder (Bitransformer) learning to reverse digit strings, scored by
+exact match of its greedy decodes on held-out strings (eval mode).
+
+    python -m examples.transformer.train [--task lm|reverse] [--model_dir DIR] [--train_steps N]
+        [--layout layouts/single.gin] [--gin_file F] [--gin_param 'utils.run.batch_size = 32']
+
+Rerunning the same command resumes from the last checkpoint in model_dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+if "--verbose" not in sys.argv:
+  os.environ.setdefault("MTF_QUIET", "1")  # before TensorFlow loads: no start-up noise
+
+import mesh_tensorflow  # noqa: E402,F401  (first: it loads TensorFlow quietly)
+
+import gin  # noqa: E402
+
+from examples.transformer import data  # noqa: E402
+from mesh_tensorflow.transformer import utils  # noqa: E402
+from mesh_tensorflow.transformer import vocabulary as vocabulary_lib  # noqa: E402
+from mesh_tensorflow.transformer._train import inputs, progress  # noqa: E402
+from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir  # noqa: E402
+from mesh_tensorflow.transformer.main import configure_logging, configure_virtual_cpus  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TASK_GIN = {"lm": "lm_pydoc.gin", "reverse": "reverse.gin"}
+NUM_PROMPTS = 3
+PROMPT_BYTES = 40
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--task", choices=sorted(TASK_GIN), default="lm")
+  parser.add_argument("--model_dir", default=None, help="default: /tmp/mtf_example_<task>")
+  parser.add_argument("--train_steps", type=int, default=None, help="default: the task's gin file")
+  parser.add_argument("--layout", default="layouts/cpu8_dp_mp.gin",
+                      help="a gin layout file (a path, or one under the package's gin directory)")
+  parser.add_argument("--gin_file", action="append", default=[], help="more gin files")
+  parser.add_argument("--gin_param", action="append", default=[], help="more gin bindings")
+  parser.add_argument("--gin_location_prefix", action="append", default=[], help="gin search path")
+  parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature")
+  parser.add_argument("--verbose", action="store_true", help="show TensorFlow's log lines")
+  return parser.parse_args(argv)
+
+
+def configure_gin(args) -> None:
+  """The package defaults, the task's gin file, the layout, then the user's files and bindings."""
+  params = list(args.gin_param)
+  if args.train_steps is not None:
+    params.append(f"utils.run.train_steps = {args.train_steps}")
+  layout = args.layout if os.path.exists(args.layout) else os.path.join(packaged_gin_dir(), args.layout)
+  task_gin = os.path.join(HERE, "gin", TASK_GIN[args.task])
+  flag_argv = ["train", f"--gin_file={task_gin}", f"--gin_file={layout}"]
+  flag_argv += [f"--gin_file={f}" for f in args.gin_file] + [f"--gin_param={p}" for p in params]
+  flag_argv += [f"--gin_location_prefix={p}" for p in args.gin_location_prefix]
+  utils.FLAGS(flag_argv, known_only=True)
+  utils.parse_gin_defaults_and_flags()
+
+
+def run(mode: str, model_dir: str, **kwargs):
+  return utils.run(tpu_job_name=None, tpu=None, gcp_project=None, tpu_zone=None, model_dir=model_dir,
+                   mode=mode, **kwargs)
+
+
+def heldout_prompts(model_dir: str) -> list:
+  """The first PROMPT_BYTES bytes of a few held-out windows, also written one per line to a file."""
+  vocabulary = vocabulary_lib.ByteVocabulary()
+  windows = [e["targets"] for e in inputs.iterate_examples(
+      lambda: data.text_lm_dataset({"targets": 128}, vocabulary, "validation", shuffle=False))]
+  prompts = [vocabulary.decode(w.tolist()).replace("\n", " ")[:PROMPT_BYTES]
+             for w in windows[::max(1, len(windows) // NUM_PROMPTS)][:NUM_PROMPTS]]
+  with open(os.path.join(model_dir, "prompts.txt"), "w") as f:
+    f.write("".join(p + "\n" for p in prompts))
+  return prompts
+
+
+def sample(model_dir: str, temperature: float) -> list:
+  """Continuations of the prompts file at `temperature` (0: greedy)."""
+  with gin.unlock_config():
+    gin.bind_parameter("Unitransformer.sample_autoregressive.temperature", temperature)
+    gin.bind_parameter("utils.decode_from_file.input_filename", os.path.join(model_dir, "prompts.txt"))
+    gin.bind_parameter("utils.decode_from_file.output_filename",
+                       os.path.join(model_dir, "decodes_t%g" % temperature))
+  return list(run("infer", model_dir, eval_checkpoint_step=-1).values())[0]
+
+
+def draw_loss_curve(model_dir: str) -> str:
+  """model_dir/loss_curve.png from the `loss` scalars of the TensorBoard event files."""
+  points = progress.read_scalars(model_dir, "loss")
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    return "matplotlib is not installed (pip install matplotlib): no loss-curve picture"
+  fig, ax = plt.subplots(figsize=(6, 4))
+  ax.plot([s for s, _ in points], [v for _, v in points], marker=".")
+  ax.set_xlabel("step")
+  ax.set_ylabel("training loss (nats per token)")
+  ax.set_title(os.path.basename(os.path.normpath(model_dir)))
+  ax.grid(True, alpha=0.3)
+  path = os.path.join(model_dir, "loss_curve.png")
+  fig.savefig(path, dpi=100, bbox_inches="tight")
+  plt.close(fig)
+  return f"loss curve: {path}"
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  started = time.time()
+  configure_logging(args.verbose)
+  configure_virtual_cpus(8)
+  model_dir = args.model_dir or f"/tmp/mtf_example_{args.task}"
+  configure_gin(args)
+  print(f"task {args.task}: mesh {gin.query_parameter('utils.run.mesh_shape')!r}, layout "
+        f"{gin.query_parameter('utils.run.layout_rules')!r}, model_dir {model_dir}", flush=True)
+  trained = run("train", model_dir)
+  summary = {"train": trained, "train_seconds": time.time() - started}
+  if args.task == "lm":
+    [result] = run("perplexity_eval", model_dir, dataset_split="validation", eval_checkpoint_step=-1)
+    summary["bits_per_byte"] = result["bits_per_token"]
+    prompts = heldout_prompts(model_dir)
+    greedy, sampled = sample(model_dir, 0.0), sample(model_dir, args.temperature)
+    print(f"\nheld-out bits per byte: {result['bits_per_token']:.3f} (step {result['step']}, "
+          f"{result['tokens']:,} held-out bytes)")
+    for prompt, g, s in zip(prompts, greedy, sampled):
+      print(f"\nprompt:  {prompt!r}\ngreedy:  {g[:80]!r}\n"
+            f"sampled: {s[:80]!r} (temperature {args.temperature})")
+    print("\n" + draw_loss_curve(model_dir))
+  else:
+    metrics = list(run("eval", model_dir, dataset_split="validation", eval_checkpoint_step=-1).values())[0]
+    summary["exact_match"] = metrics["transduction"]["exact_match"]
+    print(f"\nheld-out exact match: {summary['exact_match']:.3f}")
+  summary["total_seconds"] = time.time() - started
+  print(f"done in {summary['total_seconds']:.0f}s (first training step after "
+        f"{trained['first_step_seconds'] or 0:.0f}s)")
+  return summary
+
+
+if __name__ == "__main__":
+  main()

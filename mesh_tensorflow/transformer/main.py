@@ -1,0 +1,93 @@
+r"""Command-line driver: `python -m mesh_tensorflow.transformer.main --gin_file=... --model_dir=...`.
+
+Parses the packaged gin defaults, then --gin_file / --gin_param, and calls `utils.run` in the
+configured mode. The command line goes to `model_dir/command` (`command.1`, ... on later runs) and
+the operative gin configuration to `model_dir/operative_config.gin`. TensorFlow's start-up and
+info lines are hidden unless --verbose.
+
+Example (the bundled byte-level language model, 8 virtual CPU devices, a 2x4 mesh):
+
+    python -m mesh_tensorflow.transformer.main --model_dir=/tmp/lm \
+      --module_import=examples.transformer.data \
+      --gin_file=examples/transformer/gin/lm_pydoc.gin --gin_file=layouts/2x2_dp_mp.gin
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import warnings
+
+from absl import app, flags, logging
+
+from mesh_tensorflow.transformer import utils
+from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
+
+flags.DEFINE_string("tpu_job_name", None, "Name of the TPU worker job (TPUs: see utils.run).")
+flags.DEFINE_string("model_dir", "/tmp/transformer_standalone", "Directory of checkpoints, logs and config.")
+flags.DEFINE_string("tpu", None, "The Cloud TPU to use (TPUs are not supported by this release).")
+flags.DEFINE_string("gcp_project", None, "Cloud project of the TPU.")
+flags.DEFINE_string("tpu_zone", None, "Zone of the TPU.")
+flags.DEFINE_multi_string("module_import", None, "Modules to import first (e.g. with gin configurables).")
+flags.DEFINE_integer("num_cpu_devices", 8, "Virtual CPU devices to split the host CPU into (cpu:N meshes).")
+flags.DEFINE_boolean("verbose", False, "Show TensorFlow's own log lines and warnings.")
+FLAGS = flags.FLAGS
+
+
+def configure_logging(verbose: bool) -> None:
+  """Keeps TensorFlow's per-step Python warnings and info lines out of the default output."""
+  import tensorflow.compat.v1 as tf
+  if verbose:
+    logging.set_verbosity(logging.INFO)
+    tf.logging.set_verbosity(tf.logging.INFO)
+    return
+  warnings.filterwarnings("ignore")
+  logging.set_verbosity(logging.ERROR)
+  tf.logging.set_verbosity(tf.logging.ERROR)
+
+
+def configure_virtual_cpus(num_devices: int) -> None:
+  """Splits the host CPU into num_devices logical devices (mesh_devices "cpu:0".."cpu:N-1")."""
+  import tensorflow as tf2
+  cpus = tf2.config.list_physical_devices("CPU")
+  if num_devices > 1 and not tf2.config.get_logical_device_configuration(cpus[0]):
+    tf2.config.set_logical_device_configuration(
+        cpus[0], [tf2.config.LogicalDeviceConfiguration()] * num_devices)
+
+
+def write_command_line(model_dir: str, argv) -> str:
+  """Saves the command line to model_dir/command, or command.N if earlier runs left one."""
+  os.makedirs(model_dir, exist_ok=True)
+  path, n = os.path.join(model_dir, "command"), 0
+  while os.path.exists(path):
+    n += 1
+    path = os.path.join(model_dir, "command.%d" % n)
+  with open(path, "w") as f:
+    f.write(" ".join([sys.executable, "-m", "mesh_tensorflow.transformer.main"] + list(argv[1:])) + "\n")
+  return path
+
+
+def check_gin_files(gin_files, search_path) -> None:
+  """A clear error for a --gin_file found neither as given nor under the gin search path."""
+  for name in gin_files or []:
+    candidates = [name] + [os.path.join(d, name) for d in search_path]
+    if not any(os.path.exists(c) for c in candidates):
+      raise app.UsageError(f"--gin_file={name}: no such file (looked in the current directory and in "
+                           f"{', '.join(search_path)}); check the name or add --gin_location_prefix=DIR.")
+
+
+def main(argv) -> None:
+  configure_logging(FLAGS.verbose)
+  configure_virtual_cpus(FLAGS.num_cpu_devices)
+  for module in FLAGS.module_import or []:
+    importlib.import_module(module)
+  check_gin_files(FLAGS.gin_file, list(FLAGS.gin_location_prefix or []) + [packaged_gin_dir()])
+  write_command_line(FLAGS.model_dir, argv)
+  utils.parse_gin_defaults_and_flags()
+  utils.run(tpu_job_name=FLAGS.tpu_job_name, tpu=FLAGS.tpu, gcp_project=FLAGS.gcp_project,
+            tpu_zone=FLAGS.tpu_zone, model_dir=FLAGS.model_dir)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,123 @@
+"""utils.run end to end (train, perplexity_eval, infer, scoring, export) and its up-front errors."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import gin
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow.transformer import utils
+from mesh_tensorflow.transformer._train import checkpoints, progress
+from mesh_tensorflow.transformer.main import check_gin_files
+from tests.transformer import tiny_run
+
+
+@pytest.fixture
+def corpus(tmp_path):
+  yield tiny_run.write_corpus(str(tmp_path))
+  gin.clear_config()
+  utils.FLAGS.unparse_flags()
+
+
+def run(model_dir, mode, **kwargs):
+  return utils.run(tpu_job_name=None, tpu=None, gcp_project=None, tpu_zone=None, model_dir=str(model_dir),
+                   mode=mode, **kwargs)
+
+
+def test_train_then_perplexity_eval_then_infer_then_score_and_export(tmp_path, corpus, capsys):
+  tiny_run.configure_gin(corpus)
+  model_dir = tmp_path / "model"
+  trained = run(model_dir, "train")
+  out = capsys.readouterr().out
+  assert trained["step"] == 6 and math.isfinite(trained["loss"])
+  assert "First training step done" in out
+  assert len([line for line in out.splitlines() if line.startswith("step ")]) == 6
+  assert [os.path.basename(p) for p in checkpoints.list_checkpoints(str(model_dir))] == ["model.ckpt-3",
+                                                                                          "model.ckpt-6"]
+  losses = progress.read_scalars(str(model_dir), "loss")
+  assert [s for s, _ in losses] == list(range(1, 7)) and losses[-1][1] < losses[0][1]
+  assert progress.read_scalars(str(model_dir), "tokens_per_sec")
+  assert "run.train_steps = 6" in (model_dir / "operative_config.gin").read_text()
+  reader = tf.train.load_checkpoint(str(model_dir / "model.ckpt-6"))
+  assert reader.get_tensor("global_step") == 6
+  assert any("embedding" in name for name in reader.get_variable_to_shape_map())
+
+  [result] = run(model_dir, "perplexity_eval", dataset_split="validation", eval_checkpoint_step=-1)
+  assert result["step"] == 6 and result["dataset"] == "heldout"
+  assert 0 < result["bits_per_token"] < math.log2(384)  # better than uniform over the padded vocabulary
+  assert progress.read_scalars(str(model_dir / "validation_eval"), "heldout/bits_per_token")
+
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("line 3: the\nline\n")
+  with gin.unlock_config():
+    gin.bind_parameter("utils.decode_from_file.input_filename", str(prompts))
+    gin.bind_parameter("utils.decode_from_file.output_filename", str(tmp_path / "decodes"))
+  decodes = run(model_dir, "infer", eval_checkpoint_step=6)[6]
+  assert len(decodes) == 2 and all(isinstance(d, str) for d in decodes)
+  assert (tmp_path / "decodes-6").read_text().count("\n") == 2
+
+  with gin.unlock_config():
+    gin.bind_parameter("utils.score_from_strings.targets", ["line 1: the quick", "zzzz qqqq xxxx"])
+  scores = run(model_dir, "score_from_strings", eval_checkpoint_step=6)[6]
+  assert len(scores) == 2 and all(s < 0 for s in scores)
+
+  export_dir = run(model_dir, "export_infer", export_path=str(tmp_path / "export"))
+  assert export_dir == str(tmp_path / "export" / "6")
+  with tf.Graph().as_default(), tf.Session(config=tf.ConfigProto(device_count={"CPU": 8})) as sess:
+    signature = tf.saved_model.loader.load(sess, [tf.saved_model.SERVING], export_dir).signature_def
+    signature = signature["serving_default"]
+    outputs = sess.run(signature.outputs["outputs"].name,
+                       {signature.inputs["inputs"].name: np.array(["line 3: the"] + [""] * 7)})
+  assert outputs.shape == (8,) and outputs[0].decode() == decodes[0]
+
+
+def test_a_checkpoint_of_a_different_model_is_refused_naming_the_variable_and_shapes(tmp_path, corpus):
+  tiny_run.configure_gin(corpus, ["utils.run.train_steps = 3"])
+  run(tmp_path, "train")
+  tiny_run.configure_gin(corpus, ["utils.run.train_steps = 4", "d_ff = 64"])
+  with pytest.raises(checkpoints.CheckpointMismatchError,
+                     match=r"DenseReluDense/wi/kernel' with shape \[16, 32\].*has shape \[16, 64\]"):
+    run(tmp_path, "train")
+
+
+def test_training_continues_under_other_meshes_from_a_batch_8_checkpoint(tmp_path, corpus):
+  """batch:8 for 3 steps, then batch:2;model:4 to step 4, then one device to step 5: the losses are
+  those of an uninterrupted batch:8 run."""
+  data_parallel = ["utils.run.mesh_shape = 'batch:8'", "utils.run.layout_rules = 'batch:batch'"]
+  tiny_run.configure_gin(corpus, data_parallel + ["utils.run.train_steps = 5"])
+  run(tmp_path / "reference", "train")
+  reference = dict(progress.read_scalars(str(tmp_path / "reference"), "loss"))
+  for steps, bindings, layout in [(3, data_parallel, "layouts/cpu8_dp_mp.gin"),
+                                  (4, [], "layouts/cpu8_dp_mp.gin"), (5, [], "layouts/single.gin")]:
+    tiny_run.configure_gin(corpus, bindings + [f"utils.run.train_steps = {steps}"], layout=layout)
+    run(tmp_path / "continued", "train")
+  continued = dict(progress.read_scalars(str(tmp_path / "continued"), "loss"))
+  assert sorted(continued) == [1, 2, 3, 4, 5]
+  np.testing.assert_allclose([continued[s] for s in range(1, 6)], [reference[s] for s in range(1, 6)],
+                             rtol=2e-5)
+
+
+@pytest.mark.parametrize("bindings, message", [
+    (["utils.run.mode = 'train_and_eval'"], r"Unknown mode 'train_and_eval'.*perplexity_eval"),
+    (["utils.run.mesh_shape = 'batch:4'"], r"mesh_shape Shape\[batch=4\] has 4 processors but mesh_devices "
+                                           r"lists 8 devices"),
+    (["num_heads = 3", "d_kv = 5"], r"Layout rule heads:model splits dimension 'heads' \(size \d+.*4 ways"),
+    (["utils.run.dataset_split = 'validation'"], r"mode 'train' trains on dataset_split 'train'"),
+])
+def test_bad_configurations_fail_before_any_training_step(tmp_path, corpus, bindings, message):
+  tiny_run.configure_gin(corpus, bindings)
+  with pytest.raises(ValueError, match=message):
+    utils.run(tpu_job_name=None, tpu=None, gcp_project=None, tpu_zone=None, model_dir=str(tmp_path))
+  assert not checkpoints.list_checkpoints(str(tmp_path))
+  assert not progress.read_scalars(str(tmp_path), "loss")
+
+
+def test_a_missing_gin_file_is_named_with_the_places_searched(tmp_path):
+  from absl import app
+  with pytest.raises(app.UsageError, match=r"--gin_file=models/nope.gin: no such file .*searched|looked in"):
+    check_gin_files(["models/nope.gin"], [str(tmp_path)])
+  check_gin_files(["layouts/single.gin"], [os.path.join(os.path.dirname(utils.__file__), "gin")])
