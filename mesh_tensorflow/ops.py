@@ -18,6 +18,8 @@ from mesh_tensorflow._core.layout import (
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.parsing import _parse_string_to_list_of_pairs
 from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._lowering.comm import CommEvent
+from mesh_tensorflow._lowering.dry_run import DryRunResult, dry_run
 from mesh_tensorflow._lowering.lazy import (
     LazyAllreduceSum, LazyLaidOutTensor, compatible_lazy_allreduce_sums,
     convert_args_to_laid_out_tensors)

@@ -6,8 +6,6 @@ Works with any device strings: "" (no placement), "cpu:N", "gpu:N", or
 
 from __future__ import annotations
 
-import random
-
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._backends import ring_collectives
@@ -29,7 +27,6 @@ class PlacementMeshImpl(MeshImpl):
           f"PlacementMeshImpl: mesh {self.shape} has {self.size} processors but {len(devices)} "
           f"devices were given ({devices}); pass exactly one device string per processor.")
     self._devices = devices
-    self.copy_master_to_slice_ops = []
 
   class LaidOutTensor(laid_out.LaidOutTensor):
     """One tf.Tensor per processor, in pnum order."""
@@ -68,25 +65,17 @@ class PlacementMeshImpl(MeshImpl):
             [tf.cast(s, variable.master_dtype) for s in self._slices], shape, device=master_device))
       # Graph mode builds both copy ops once; eager mode runs the first copy now (it initialises
       # the slices) and each later copy when it is asked for.
-      self._copy_master_to_slices = self._copy_master_to_slices_fn()
-      if not self._slice_is_master:
-        mesh_impl.copy_master_to_slice_ops.append(self._copy_master_to_slices)
+      self._copy_master_to_slices = mesh_impl.register_copy_master_to_slices(
+          self._copy_master_to_slices_fn)
       self._copy_slices_to_master = None if tf.executing_eagerly() else self._copy_slices_to_master_fn()
       self._reads = self.read().tensor_list
       self._laid_out_tensor = mesh_impl.LaidOutTensor(self._reads)
 
     def _assign_master_to_slices(self, master_shape):
-      mesh_impl = self._mesh_impl
-      master = self._variable.get_master()
-      if mesh_impl.tensor_layout(master_shape).is_fully_replicated:
-        values = [master] * mesh_impl.size
-      else:
-        values = mesh_impl.make_slices(master, master_shape)
-      assign_ops = []
-      for device, slice_var, value in zip(mesh_impl.devices, self._slices, values):
-        with tf.device(device):
-          assign_ops.append(tf.assign(slice_var, tf.cast(value, self._variable.slice_dtype)))
-      return tf.group(assign_ops)
+      parts = self._mesh_impl.master_parts(self._variable.get_master(), master_shape)
+      return self.assign_to_slices(
+          lambda variable, slice_var, value: tf.assign(slice_var, tf.cast(value, variable.slice_dtype)),
+          parts, after_reads=False)
 
     def read(self):
       """A fresh read of every slice (ReadVariable uses it to see values assigned earlier)."""
@@ -97,10 +86,17 @@ class PlacementMeshImpl(MeshImpl):
                        else tf.identity(slice_var))
       return self._mesh_impl.LaidOutTensor(reads)
 
-    def assign_to_slices(self, assign_fn, values):
-      with tf.control_dependencies(None if tf.executing_eagerly() else self._reads):
+    def assign_to_slices(self, assign_fn, values, after_reads: bool = True):
+      """tf.group of assign_fn(mtf_variable, slice_variable, value) per processor.
+
+      `values`: a LaidOutTensor (or a list of per-processor tensors). In graph mode the
+      assignments wait for this step's reads of the slices (unless after_reads is False).
+      """
+      values = getattr(values, "tensor_list", values)
+      reads = self._reads if after_reads and not tf.executing_eagerly() else None
+      with tf.control_dependencies(reads):
         return tf.group(parallel(self._mesh_impl.devices, assign_fn,
-                                 [self._variable] * len(self._slices), self._slices, values))
+                                 [self._variable] * len(self._slices), self._slices, list(values)))
 
     @property
     def laid_out_tensor(self):
@@ -174,7 +170,7 @@ class PlacementMeshImpl(MeshImpl):
   def alltoall(self, x, mesh_axis, split_axis, concat_axis):
     return self._collective_with_groups(
         x, [mesh_axis],
-        lambda xs, devices: ring_collectives.alltoall_ring(xs, devices, split_axis, concat_axis))
+        lambda xs, devices: ring_collectives.alltoall_pointtwise(xs, devices, split_axis, concat_axis))
 
   def receive(self, x, mesh_axis, source_pcoord):
     x = x.to_laid_out_tensor()
@@ -191,26 +187,6 @@ class PlacementMeshImpl(MeshImpl):
 
   def laid_out_pnum(self):
     return self.LaidOutTensor(list(range(self.size)))
-
-  def random(self, shape, tf_fn, kwargs):
-    """Per-slice random values; processors holding the same slice agree.
-
-    Each distinct slice is drawn once and copied to the other processors holding it: eager
-    execution advances a kernel's random state per call, so equal seeds alone would not agree.
-    """
-    slice_shape = self.slice_shape(shape)
-    op_seed = random.random()
-    draws = {}
-
-    def my_fn(pnum):
-      begin = self.slice_begin(shape, pnum)
-      key = tuple(begin)
-      if key in draws:
-        return tf.identity(draws[key])
-      seed = hash("%s,%s" % (op_seed, begin)) % (2 ** 31)
-      draws[key] = tf_fn(slice_shape, seed=seed, **kwargs)
-      return draws[key]
-    return self.slicewise(my_fn, self.laid_out_pnum())
 
   def export_to_tf_tensor(self, x, laid_out_x):
     return self.combine_slices(laid_out_x.all_slices, x.shape)

@@ -8,7 +8,6 @@ coordinates use logical pnums; `logical_to_physical` maps one to the other.
 
 from __future__ import annotations
 
-import os
 from typing import Optional, Sequence
 
 import gin
@@ -20,7 +19,7 @@ from mesh_tensorflow._core.layout import (
 from mesh_tensorflow._lowering import laid_out
 from mesh_tensorflow._lowering.lazy import convert_args_to_laid_out_tensors
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
-from mesh_tensorflow._lowering.tf_helpers import outside_all_rewrites, parallel, reduction_fn
+from mesh_tensorflow._lowering.tf_helpers import outside_all_rewrites, reduction_fn
 
 
 def _tpu_ops():
@@ -60,7 +59,6 @@ class SimdMeshImpl(MeshImpl):
       self._physical_to_logical[physical] = logical
     self._pnum_tensor = None
     self.graph_device_function_stacks = []
-    self.copy_master_to_slice_ops = []
     self._allreduce_in_bfloat16_max_group_size = allreduce_in_bfloat16_max_group_size
 
   @property
@@ -124,12 +122,8 @@ class SimdMeshImpl(MeshImpl):
       self._laid_out_tensor = mesh_impl.LaidOutTensor(
           [tpu_variables.ReplicatedVariable(variable.name, slices)])
       with tf.device(variable.master_device), outside_all_rewrites():
-        sequence_mode = os.environ.get("MTF_SEQUENCE_MODE", "") == "1"
-        previous = mesh_impl.copy_master_to_slice_ops[-1:] if sequence_mode else []
-        with tf.control_dependencies(previous):
-          self._copy_master_to_slices = self._gen_copy_master_to_slices_op(
-              variable.get_master(), shape, slices, slice_shape)
-        mesh_impl.copy_master_to_slice_ops.append(self._copy_master_to_slices)
+        self._copy_master_to_slices = mesh_impl.register_copy_master_to_slices(
+            lambda: self._gen_copy_master_to_slices_op(variable.get_master(), shape, slices))
         in_master_dtype = [tf.cast(s, variable.master_dtype) for s in slices]
         logical_order = [in_master_dtype[mesh_impl.l2p(pnum)] for pnum in range(mesh_impl.size)]
         self._copy_slices_to_master = variable.assign_to_master(
@@ -169,29 +163,21 @@ class SimdMeshImpl(MeshImpl):
       # tf.Variable adds far fewer ops to the graph than tf.get_variable.
       return tf.Variable(initial_value=zero_tensor, **kwargs)
 
-    def _gen_copy_master_to_slices_op(self, master, master_shape, slices, slice_shape):
+    def _gen_copy_master_to_slices_op(self, master, master_shape, slices):
       """Assigns each replica's part of the master (cast to the slice dtype) to its slice."""
       mesh_impl = self._mesh_impl
       if master.dtype.base_dtype != slices[0].dtype.base_dtype:
         master = tf.cast(master, slices[0].dtype.base_dtype)
-      if mesh_impl.tensor_layout(master_shape).is_fully_replicated:
-        return tf.group([tf.assign(s, master) for s in slices])
-      parts = {}  # replicas holding the same part share one tf.slice
-      assign_ops = []
-      for logical_pnum in range(mesh_impl.size):
-        begin = tuple(mesh_impl.slice_begin(master_shape, logical_pnum))
-        if begin not in parts:
-          parts[begin] = tf.slice(master, list(begin), slice_shape)
-        assign_ops.append(tf.assign(slices[mesh_impl.l2p(logical_pnum)], parts[begin]))
-      return tf.group(assign_ops)
+      parts = mesh_impl.master_parts(master, master_shape)
+      return tf.group([tf.assign(slices[mesh_impl.l2p(pnum)], part) for pnum, part in enumerate(parts)])
 
-    def assign_to_slices(self, assign_fn, values, assign_to_tensor_list=None):
-      """tf.group of assign_fn(mtf_variable, slice, value) over this replica's slice(s)."""
-      if assign_to_tensor_list is None:
-        assign_to_tensor_list = self._laid_out_tensor.all_slices
-      num_slices = min(len(assign_to_tensor_list), len(values))
-      return tf.group(parallel([""] * num_slices, assign_fn, [self._variable] * num_slices,
-                               assign_to_tensor_list[:num_slices], values[:num_slices]))
+    def assign_to_slices(self, assign_fn, values):
+      """tf.group of assign_fn(mtf_variable, slice, value) on this replica's slice.
+
+      `values`: a LaidOutTensor (or a one-element list) holding this replica's new value.
+      """
+      values = getattr(values, "tensor_list", values)
+      return tf.group([assign_fn(self._variable, self._laid_out_tensor.one_slice, values[0])])
 
     def read(self):
       """Fresh reads for ReadVariable: the replicated handle is read again wherever it is used."""
@@ -317,19 +303,6 @@ class SimdMeshImpl(MeshImpl):
     if isinstance(ret, tuple):
       return tuple(self.LaidOutTensor([t]) for t in ret)
     return self.LaidOutTensor([ret])
-
-  def random(self, shape, tf_fn, kwargs):
-    """Random slices; replicas holding the same slice agree (TPUs have no per-op seeds).
-
-    Each replica draws, all but coordinate 0 along the mesh axes the tensor is not split over
-    zero their draw, and a SUM allreduce over those axes hands coordinate 0's draw to the rest.
-    """
-    x = tf_fn(self.slice_shape(shape), **kwargs)
-    layout = self.tensor_layout(shape)
-    mesh_axes = [axis for axis in range(self.ndims) if axis not in layout.tensor_axis_to_mesh_axis]
-    for axis in mesh_axes:
-      x *= tf.cast(tf.equal(self.laid_out_pcoord(axis).one_slice, 0), x.dtype)
-    return self.allreduce(self.LaidOutTensor([x]), mesh_axes, "SUM")
 
   def export_to_tf_tensor(self, x, laid_out_x):
     """The whole value of a fully replicated tensor (every replica holds all of it)."""

@@ -24,9 +24,19 @@ class LaidOutTensor:
   def slice_shape(self) -> list:
     return self._tensor_list[0].shape.as_list()
 
+  @property
+  def dtype(self):
+    return self._tensor_list[0].dtype
+
   def to_laid_out_tensor(self) -> LaidOutTensor:
     return self
 
   @classmethod
   def from_tensor_list(cls, tensor_list) -> LaidOutTensor:
     return cls(tensor_list)
+
+
+def dtype_of(laid_out):
+  """The dtype of a laid-out value's slices (a backend LaidOutTensor or any object with tensor_list)."""
+  dtype = getattr(laid_out, "dtype", None)
+  return dtype if dtype is not None else laid_out.tensor_list[0].dtype

@@ -12,28 +12,42 @@ import tensorflow.compat.v1 as tf
 
 
 class LazyAllreduceSum:
-  """Partial sums over `mesh_axes`; reduced on first use by `to_laid_out_tensor()`."""
+  """Partial sums over `mesh_axes`; reduced on first use by `to_laid_out_tensor()`.
 
-  def __init__(self, mesh_impl, laid_out_input, mesh_axes, add_counter_fn: Callable | None = None):
+  Created by `Communicator.lazy_allreduce_sum` (which passes `comm` and `reason`), the allreduce
+  is recorded as a communication event of the op that made the partial sums. `add_counter_fn` is
+  kept for callers that build one directly.
+  """
+
+  def __init__(self, mesh_impl, laid_out_input, mesh_axes, add_counter_fn: Callable | None = None,
+               comm=None, reason: str = "lazy_allreduce"):
     self.mesh_impl = mesh_impl
     self.laid_out_input = laid_out_input
     self.mesh_axes = mesh_axes
     self.add_counter_fn = add_counter_fn
+    self.comm = comm
+    self.reason = reason
     self._reduced = None
 
   def to_laid_out_tensor(self):
     if self._reduced is None:
-      self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
+      if self.comm is not None:
+        self._reduced = self.comm.allreduce(self.laid_out_input, self.mesh_axes, "SUM", self.reason)
+      else:
+        self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
       if self.add_counter_fn:
         self.add_counter_fn()
     return self._reduced
 
+  def with_input(self, laid_out_input) -> LazyAllreduceSum:
+    """The same pending allreduce over other partial sums."""
+    return LazyAllreduceSum(self.mesh_impl, laid_out_input, self.mesh_axes,
+                            add_counter_fn=self.add_counter_fn, comm=self.comm, reason=self.reason)
+
   def __add__(self, other):
     if compatible_lazy_allreduce_sums([self, other]):
-      return LazyAllreduceSum(
-          self.mesh_impl,
-          self.mesh_impl.slicewise(tf.add, self.laid_out_input, other.laid_out_input),
-          self.mesh_axes, add_counter_fn=self.add_counter_fn)
+      return self.with_input(
+          self.mesh_impl.slicewise(tf.add, self.laid_out_input, other.laid_out_input))
     return self.mesh_impl.slicewise(tf.add, self.to_laid_out_tensor(), other.to_laid_out_tensor())
 
   @property

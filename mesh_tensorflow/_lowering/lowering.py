@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import os
+import contextlib
 
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow._lowering import comm as comm_lib
 from mesh_tensorflow._lowering.layout_check import check_mesh_impls
+from mesh_tensorflow._lowering.mesh_impl import sequence_mode
 from mesh_tensorflow._lowering.tf_helpers import _log_info_also_to_file, log_variable_sizes
 
 
@@ -15,7 +17,19 @@ class Lowering:
 
   After construction, `tensors` maps each mtf Tensor to its laid-out value (possibly lazy),
   `operations` maps ops without outputs (Assign, ...) to TF ops, and `variables` maps each
-  mtf Variable to its backend LaidOutVariable.
+  mtf Variable to its backend LaidOutVariable. `communication_events` lists every collective
+  (a `CommEvent`, see `_lowering/comm.py`) in the order it was built; `counters` holds
+  (key, value) pairs: "output/<Op>" sizes, op-specific counts, and one entry per event
+  (key "<kind>/<mesh axes>/<reason>", value: elements sent between processors).
+
+  Lowering the same graph again (even with autostack) gives the same result: the variables are
+  stacked on the first lowering only.
+
+  Args:
+    graph: the mtf Graph.
+    mesh_to_impl: {mtf.Mesh: MeshImpl}.
+    autostack: stack similar variables (fewer, larger slice variables).
+    log_file: a file object or a path (opened with tf.io.gfile) for the variable and counter logs.
   """
 
   def __init__(self, graph, mesh_to_impl: dict, autostack: bool = True, log_file=None):
@@ -26,20 +40,60 @@ class Lowering:
     if autostack:
       self.autostack()
     self._counters = []
+    self._events = []
+    self._current_op = None
+    self._loop = None  # (while_loop name, whether events are being recorded)
     self.tensors = {}
     self.operations = {}
     self.variables = {}
     for op in graph.operations:
-      with tf.name_scope(_scope_name(op.name)):
-        op.lower(self)
+      self.lower_operation(op)
       for out in op.outputs:
         self.add_counter("output/%s" % type(op).__name__, self.laid_out_size(out))
         self.add_counter("output_unique/%s" % type(op).__name__, out.size)
-    log_variable_sizes(graph.trainable_variables, "Trainable Variables", verbose=True,
-                       mesh_to_impl=mesh_to_impl, log_file=log_file)
-    log_variable_sizes(graph.all_variables, "All Variables", verbose=False,
-                       mesh_to_impl=mesh_to_impl, log_file=log_file)
-    _log_info_also_to_file("Counters:\n" + pretty_print_counters(self._counters), log_file=log_file)
+    with _opened(log_file) as f:
+      log_variable_sizes(graph.trainable_variables, "Trainable Variables", verbose=True,
+                         mesh_to_impl=mesh_to_impl, log_file=f)
+      log_variable_sizes(graph.all_variables, "All Variables", verbose=False,
+                         mesh_to_impl=mesh_to_impl, log_file=f)
+      _log_info_also_to_file("Counters:\n" + pretty_print_counters(self._counters), log_file=f)
+
+  def lower_operation(self, op) -> None:
+    """Lowers one op (in a TF name scope of its name); its collectives are charged to it."""
+    previous, self._current_op = self._current_op, op
+    try:
+      with tf.name_scope(_scope_name(op.name)):
+        op.lower(self)
+    finally:
+      self._current_op = previous
+
+  def comm(self, op=None) -> comm_lib.Communicator:
+    """The communication layer for `op` (default: the op being lowered) on its mesh."""
+    op = op or self._current_op
+    loop_name, recording = self._loop or (None, True)
+    record = self._record_event if recording else (lambda event: None)
+    return comm_lib.Communicator(self.mesh_impl(op), record, op.name, in_loop=loop_name)
+
+  @contextlib.contextmanager
+  def in_while_loop(self, loop_name: str, record: bool):
+    """Lowers a while_loop's cond/body: events are tagged with the loop and recorded once.
+
+    Graph mode traces a body once; eager mode runs it per iteration, and only the first run records.
+    """
+    previous, self._loop = self._loop, (loop_name, record)
+    try:
+      yield
+    finally:
+      self._loop = previous
+
+  def _record_event(self, event: comm_lib.CommEvent) -> None:
+    self._events.append(event)
+    self.add_counter(event.counter_key, event.elements_sent)
+
+  @property
+  def communication_events(self) -> list:
+    """Every collective built so far (forcing a lazy allreduce later adds its event)."""
+    return list(self._events)
 
   def mesh_impl(self, m):
     """The MeshImpl of a Mesh, or of anything with a `.mesh` (Tensor, Operation)."""
@@ -60,11 +114,13 @@ class Lowering:
     return self.operations[op]
 
   def copy_masters_to_slices(self):
-    if os.environ.get("MTF_SEQUENCE_MODE", "") == "1":
-      mesh_impls = [impl for impl in self.mesh_to_impl.values()]
-      if len(mesh_impls) != 1:
-        raise ValueError("MTF_SEQUENCE_MODE=1 needs exactly one mesh.")
-      return mesh_impls[0].copy_master_to_slice_ops[-1]
+    """One op copying every master variable to its slices.
+
+    With MTF_SEQUENCE_MODE=1 the backends chain the copies (each waits for the previous one, to
+    bound host memory), so the last copy stands for all of them.
+    """
+    if sequence_mode() and self.variables:
+      return list(self.variables.values())[-1].copy_master_to_slices
     return tf.group([v.copy_master_to_slices for v in self.variables.values()])
 
   def copy_slices_to_masters(self):
@@ -94,11 +150,26 @@ class Lowering:
           f"{expected}. This is a bug in the lowering of {type(tensor.operation).__name__}.")
 
   def autostack(self) -> None:
-    """Stacks similar variables so each processor holds fewer, larger slice variables."""
+    """Stacks similar variables so each processor holds fewer, larger slice variables.
+
+    Done once per graph: a graph that already holds stacked variables is lowered as it is.
+    """
+    if any(getattr(v, "is_stacked", False) for v in self.graph.all_variables):
+      return
     num_slices = sum(self.mesh_impl(v).size for v in self.graph.all_variables)
     max_combined_slice_size = 2 ** 27 if num_slices >= 2 ** 16 else 2 ** 16
     self.graph.rewrite_stack_variables(mesh_to_impl=self.mesh_to_impl,
                                        max_combined_slice_size=max_combined_slice_size)
+
+
+@contextlib.contextmanager
+def _opened(log_file):
+  """A path is opened for writing (and closed after); a file object or None is passed through."""
+  if isinstance(log_file, (str, bytes)) or hasattr(log_file, "__fspath__"):
+    with tf.io.gfile.GFile(log_file, "w") as f:
+      yield f
+  else:
+    yield log_file
 
 
 def _check_every_mesh_has_impl(graph, mesh_to_impl: dict) -> None:

@@ -1,19 +1,60 @@
 """MeshImpl: the contract between the lowering and a backend.
 
-The concrete methods here are layout arithmetic and TF glue shared by all backends.
-A backend supplies only the primitives: slicewise, the collectives (allreduce, allconcat,
-alltoall, receive), laid_out_pnum, import/export, random, LaidOutTensor and LaidOutVariable.
+The concrete methods here are layout arithmetic and the backend-independent part of every
+backend: master<->slice copies, deduplicated random draws, processor numbering, broadcasting,
+printing. A backend supplies only the primitives listed in `BACKEND_PRIMITIVES` (documented in
+docs/architecture.md); `_lowering/backend.py` states the whole contract as a Protocol.
+Op families never call the collectives directly: they go through `_lowering/comm.py`.
 """
 
 from __future__ import annotations
+
+import os
+import random as py_random
+import zlib
 
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._core.dims import Shape, convert_to_shape, list_product
 from mesh_tensorflow._core.layout import (
     TensorLayout, convert_to_layout_rules, pnum_to_processor_coordinates)
-from mesh_tensorflow._lowering.lazy import LazyAllreduceSum, compatible_lazy_allreduce_sums
+from mesh_tensorflow._lowering.comm import shift_sources
+from mesh_tensorflow._lowering.lazy import compatible_lazy_allreduce_sums
 from mesh_tensorflow._lowering.tf_helpers import parallel
+
+# What a backend implements (MeshImpl provides everything else on top of these).
+BACKEND_PRIMITIVES = (
+    "LaidOutTensor", "LaidOutVariable", "slicewise", "allreduce", "allconcat", "alltoall",
+    "receive", "laid_out_pnum", "import_tf_tensor", "export_to_tf_tensor", "devices",
+)
+
+# Stateless counterparts of the TF random functions mtf draws from (same keyword arguments).
+_STATELESS = {
+    "random_uniform": tf.random.stateless_uniform,
+    "random_normal": tf.random.stateless_normal,
+    "truncated_normal": tf.random.stateless_truncated_normal,
+}
+
+
+def sequence_mode() -> bool:
+  """MTF_SEQUENCE_MODE=1: master->slice copies run one after another (bounds host memory)."""
+  return os.environ.get("MTF_SEQUENCE_MODE", "") == "1"
+
+
+def graph_random_seed():
+  """The graph-level seed set by tf.set_random_seed (graph or eager), or None."""
+  if tf.executing_eagerly():
+    from tensorflow.python.eager import context
+    return context.global_seed()
+  return tf.get_default_graph().seed
+
+
+def op_random_seed(op_name: str, fallback: int) -> int:
+  """A 31-bit seed from the graph seed and the op name (stable across processes), else `fallback`."""
+  graph_seed = graph_random_seed()
+  if graph_seed is None:
+    return fallback
+  return zlib.crc32(f"{graph_seed}/{op_name}".encode()) % (2 ** 31)
 
 
 class MeshImpl:
@@ -22,6 +63,7 @@ class MeshImpl:
   def __init__(self, shape, layout_rules):
     self._shape = convert_to_shape(shape)
     self._layout_rules = convert_to_layout_rules(layout_rules)
+    self.copy_master_to_slice_ops = []
 
   @property
   def shape(self) -> Shape:
@@ -94,14 +136,78 @@ class MeshImpl:
   def slicewise_delay_allreduce(self, fn, *inputs):
     """slicewise(fn), staying lazy when all inputs are compatible pending allreduce-sums."""
     if compatible_lazy_allreduce_sums(inputs):
-      return LazyAllreduceSum(
-          self, self.slicewise(fn, *[x.laid_out_input for x in inputs]),
-          inputs[0].mesh_axes, add_counter_fn=inputs[0].add_counter_fn)
+      return inputs[0].with_input(self.slicewise(fn, *[x.laid_out_input for x in inputs]))
     return self.slicewise(fn, *inputs)
 
   def Print(self, x, data, message, **kwargs):  # pylint: disable=invalid-name
-    tf.logging.warning("mtf.Print is not implemented for %s; printing nothing.", type(self).__name__)
-    return x
+    """x, printing every processor's slices of `data` (tf.Print) when x's slice is computed."""
+    def print_fn(x_slice, *data_slices):
+      return tf.Print(x_slice, list(data_slices), message, **kwargs)
+    return self.slicewise(print_fn, x, *data)
+
+  # ---- shared by every backend: laid-out values as TF tensors, copies, random draws ----
+
+  def control_inputs(self, laid_out) -> list:
+    """The TF tensors an op must wait for so that `laid_out` has been computed."""
+    return list(laid_out.to_laid_out_tensor().all_slices)
+
+  def replicated_value(self, laid_out):
+    """This program's TF tensor of a fully replicated value (e.g. a loop condition, a summary)."""
+    return laid_out.to_laid_out_tensor().all_slices[0]
+
+  def loop_vars(self, laid_out) -> list:
+    """The TF tensors carrying `laid_out` through a tf.while_loop (inverse: from_loop_vars)."""
+    return list(laid_out.to_laid_out_tensor().tensor_list)
+
+  def from_loop_vars(self, tensors):
+    return self.LaidOutTensor(list(tensors))
+
+  def master_parts(self, master, master_shape: Shape) -> list:
+    """Per logical pnum, its part of the whole tensor `master` (on master's device).
+
+    Processors holding the same part share one tf.slice.
+    """
+    if self.tensor_layout(master_shape).is_fully_replicated:
+      return [master] * self.size
+    slice_shape = self.slice_shape(master_shape)
+    parts, ret = {}, []
+    with tf.device(_device_of(master)):
+      for pnum in range(self.size):
+        begin = tuple(self.slice_begin(master_shape, pnum))
+        if begin not in parts:
+          parts[begin] = tf.slice(master, list(begin), slice_shape)
+        ret.append(parts[begin])
+    return ret
+
+  def register_copy_master_to_slices(self, build_fn):
+    """Builds a master->slices copy op with build_fn() and appends it to copy_master_to_slice_ops.
+
+    In MTF_SEQUENCE_MODE the copy waits for the previous one.
+    """
+    previous = [op for op in self.copy_master_to_slice_ops[-1:] if op is not None]
+    with tf.control_dependencies(previous if sequence_mode() else None):
+      op = build_fn()
+    self.copy_master_to_slice_ops.append(op)
+    return op
+
+  def random(self, shape, tf_fn, kwargs, seed=None):
+    """Random slices of a tensor of `shape`; processors holding the same slice draw the same values.
+
+    One algorithm for every backend, with no communication: each processor draws its slice with
+    the stateless counterpart of tf_fn, seeded by (seed, the slice's number), so equal slices are
+    equal draws and distinct slices independent ones. RandomOperation derives `seed` from the graph
+    seed and the op name, so a seeded graph draws the same values in every process (default: a
+    fresh random seed). A tf_fn without a stateless counterpart is called as
+    tf_fn(slice_shape, seed=[seed, slice number], **kwargs).
+    """
+    if seed is None:
+      seed = py_random.randrange(2 ** 31)
+    slice_shape = self.slice_shape(shape)
+    draw = _STATELESS.get(getattr(tf_fn, "__name__", None), tf_fn)
+
+    def my_fn(slice_num):
+      return draw(slice_shape, seed=tf.stack([tf.constant(seed, tf.int32), slice_num]), **kwargs)
+    return self.slicewise(my_fn, self.laid_out_slice_num(shape))
 
   def allsplit(self, x, mesh_axis: int, split_axis: int, which=None):
     """Keeps, on each processor, the `which`-th (default: its own pcoord) piece along split_axis."""
@@ -120,14 +226,7 @@ class MeshImpl:
 
   def shift_by_n_processors(self, x, mesh_axis: int, offset: int, wrap: bool):
     """Processor i along mesh_axis receives the slice of processor i - offset (zeros past the ends)."""
-    n = self._shape[mesh_axis].size
-    source_pcoord = []
-    for i in range(n):
-      c = i - offset
-      if c != c % n:
-        c = c % n if wrap else None
-      source_pcoord.append(c)
-    return self.receive(x, mesh_axis, source_pcoord)
+    return self.receive(x, mesh_axis, shift_sources(self._shape[mesh_axis].size, offset, wrap))
 
   def laid_out_pcoord(self, mesh_axis: int):
     """Each processor's coordinate along mesh_axis, as a laid-out int32 scalar."""

@@ -10,7 +10,6 @@ from mesh_tensorflow import utils
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._lowering.lazy import LazyAllreduceSum
-from mesh_tensorflow._lowering.lowering import _scope_name
 from mesh_tensorflow._ops import variables as variable_ops
 
 __all__ = [
@@ -72,12 +71,12 @@ class Depend(Operation):
     control_inputs = []
     for d in self.dependencies:
       if isinstance(d, Tensor):
-        control_inputs.extend(lowering.tensors[d].to_laid_out_tensor().all_slices)
+        control_inputs.extend(mesh_impl.control_inputs(lowering.tensors[d]))
       elif d in lowering.operations:
         control_inputs.append(lowering.operations[d])
       else:
         for out in d.outputs:
-          control_inputs.extend(lowering.tensors[out].to_laid_out_tensor().all_slices)
+          control_inputs.extend(mesh_impl.control_inputs(lowering.tensors[out]))
     # Eager execution is already in program order (tf.group there returns None).
     control_inputs = [c for c in control_inputs if c is not None]
     with tf.control_dependencies(control_inputs):
@@ -141,7 +140,8 @@ class ScalarSummaryOperation(Operation):
 
   def lower(self, lowering):
     value = lowering.tensors[self.inputs[0]].to_laid_out_tensor()
-    tf.add_to_collection(utils.SCALAR_SUMMARIES_COLLECTION_KEY, (self.name, value.all_slices[0]))
+    tf.add_to_collection(utils.SCALAR_SUMMARIES_COLLECTION_KEY,
+                         (self.name, lowering.mesh_impl(self).replicated_value(value)))
     lowering.set_tensor_lowering(self.outputs[0], value)
 
 
@@ -232,44 +232,43 @@ class WhileLoopOperation(Operation):
     self._force_external_values(lowering)
     # Accumulator outputs whose body value is a pending allreduce: sum partial sums, reduce after.
     lazy_accumulators = {}
+    traces = {"cond": 0, "body": 0}  # eager runs cond/body per iteration; events are recorded once
 
-    def lower_ops(placeholders, tf_values, ops):
+    def lower_ops(kind, placeholders, tf_values, ops):
       for t, v in zip(placeholders, tf_values):
-        lowering.tensors[t] = mesh_impl.LaidOutTensor(list(v))
-      for op in ops:
-        with tf.name_scope(_scope_name(op.name)):
-          op.lower(lowering)
+        lowering.tensors[t] = mesh_impl.from_loop_vars(v)
+      with lowering.in_while_loop(self.name, record=traces[kind] == 0):
+        for op in ops:
+          lowering.lower_operation(op)
+      traces[kind] += 1
 
     def tf_cond_fn(*loop_vars):
-      lower_ops(self._cond_inputs, loop_vars[:n], self._cond_ops)
-      return lowering.tensors[self._cond_output].to_laid_out_tensor().all_slices[0]
+      lower_ops("cond", self._cond_inputs, loop_vars[:n], self._cond_ops)
+      return mesh_impl.replicated_value(lowering.tensors[self._cond_output])
 
     def tf_body_fn(*loop_vars):
-      lower_ops(self._body_inputs, loop_vars[:n], self._body_ops)
+      lower_ops("body", self._body_inputs, loop_vars[:n], self._body_ops)
       ret = []
       for i, out in enumerate(self._body_outputs):
         value = lowering.tensors[out]
         if i >= n and isinstance(value, LazyAllreduceSum):
           lazy_accumulators[i] = value
-          slices = value.laid_out_input.to_laid_out_tensor().tensor_list
-        else:
-          slices = value.to_laid_out_tensor().tensor_list
+          value = value.laid_out_input
         if i >= n:
-          slices = [a + b for a, b in zip(slices, loop_vars[i])]
-        ret.append(list(slices))
+          value = mesh_impl.slicewise(tf.add, value, mesh_impl.from_loop_vars(loop_vars[i]))
+        ret.append(mesh_impl.loop_vars(value))
       return ret
 
-    initial = [lowering.tensors[t].to_laid_out_tensor().tensor_list for t in self._inputs]
+    initial = [mesh_impl.loop_vars(lowering.tensors[t]) for t in self._inputs]
     for t in self._body_outputs[n:]:
       zeros = mesh_impl.slicewise(
           lambda t=t: tf.zeros(mesh_impl.slice_shape(t.shape), dtype=t.dtype))
-      initial.append(zeros.tensor_list)
+      initial.append(mesh_impl.loop_vars(zeros))
     results = tf.while_loop(tf_cond_fn, tf_body_fn, initial, back_prop=False, **self._tf_kwargs)
     for i, (slices, out) in enumerate(zip(results, self._outputs)):
-      value = mesh_impl.LaidOutTensor(list(slices))
+      value = mesh_impl.from_loop_vars(slices)
       if i in lazy_accumulators:
-        lazy = lazy_accumulators[i]
-        value = LazyAllreduceSum(mesh_impl, value, lazy.mesh_axes, lazy.add_counter_fn)
+        value = lazy_accumulators[i].with_input(value)
       lowering.set_tensor_lowering(out, value)
 
   def nested_operations(self) -> list:

@@ -17,7 +17,6 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Dimension, Shape, convert_to_shape, list_product
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
-from mesh_tensorflow._lowering.lazy import LazyAllreduceSum
 
 __all__ = [
     "Conv2dOperation", "Conv3dOperation", "Conv2dTransposeOperation", "Conv3dTransposeOperation",
@@ -148,11 +147,7 @@ def _sum_over_split_dims(lowering, op, laid_out, summed_dims):
                       if a is not None})
   if not mesh_axes:
     return laid_out
-  out = op.outputs[0]
-
-  def add_counter():
-    lowering.add_counter("allreduce/%s/%s" % (mesh_axes, type(op).__name__), lowering.laid_out_size(out))
-  return LazyAllreduceSum(mesh_impl, laid_out, mesh_axes, add_counter_fn=add_counter)
+  return lowering.comm(op).lazy_allreduce_sum(laid_out, mesh_axes, type(op).__name__)
 
 
 def _output_size(size: int, filter_size: int, stride: int, padding: str, is_transpose: bool,

@@ -17,7 +17,6 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Dimension, Shape, convert_to_shape
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
-from mesh_tensorflow._lowering.lazy import LazyAllreduceSum
 from mesh_tensorflow._lowering.mesh_impl import expand_dims_to
 from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import reduce as reduce_ops
@@ -60,10 +59,7 @@ class EinsumOperation(Operation):
         input_shapes, computed_shape, union_shape, self.outputs[0].dtype, mesh_impl)
     y = mesh_impl.slicewise(slice_fn, *[lowering.tensors[x] for x in self.inputs])
     if reduced_mesh_axes:
-      def add_counter_fn():
-        lowering.add_counter("allreduce/%s/einsum_op" % reduced_mesh_axes,
-                             mesh_impl.laid_out_size(computed_shape))
-      y = LazyAllreduceSum(mesh_impl, y, reduced_mesh_axes, add_counter_fn=add_counter_fn)
+      y = lowering.comm(self).lazy_allreduce_sum(y, reduced_mesh_axes, "einsum_op")
     if computed_shape != output_shape:
       y = mesh_impl.broadcast_impl(y, computed_shape, output_shape)
     lowering.set_tensor_lowering(self.outputs[0], y)

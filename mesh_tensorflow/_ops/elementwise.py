@@ -16,7 +16,6 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Dimension, convert_to_shape
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor, register_operators
-from mesh_tensorflow._lowering.tf_helpers import transpose_list_of_lists
 from mesh_tensorflow._ops import binary as binary_ops
 from mesh_tensorflow._ops import io as io_ops
 
@@ -161,17 +160,16 @@ class GenericGradOperation(Operation):
       lowering.set_tensor_lowering(out, grad_x)
 
   def _lower_graph(self, lowering, mesh_impl) -> list:
-    def per_slice_lists(tensors):
-      return transpose_list_of_lists(
-          [lowering.tensors[t].to_laid_out_tensor().tensor_list for t in tensors])
-    all_grad_xs = [
-        tf.gradients(ys=ys, xs=xs, grad_ys=grad_ys,
-                     unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        for ys, xs, grad_ys in zip(per_slice_lists(self._forward_op.outputs),
-                                   per_slice_lists(self._forward_op.inputs),
-                                   per_slice_lists(self._grad_ys))]
-    return [mesh_impl.LaidOutTensor.from_tensor_list(g)
-            for g in transpose_list_of_lists(all_grad_xs)]
+    """Per slice, tf.gradients of the forward op's slices (already in the TF graph)."""
+    num_outputs, num_inputs = len(self._forward_op.outputs), len(self._forward_op.inputs)
+
+    def slice_grad(*args):
+      ys, xs = list(args[:num_outputs]), list(args[num_outputs:num_outputs + num_inputs])
+      return tuple(tf.gradients(ys=ys, xs=xs, grad_ys=list(args[num_outputs + num_inputs:]),
+                                unconnected_gradients=tf.UnconnectedGradients.ZERO))
+    inputs = [lowering.tensors[t] for t in
+              self._forward_op.outputs + self._forward_op.inputs + self._grad_ys]
+    return list(mesh_impl.slicewise(slice_grad, *inputs))
 
   def _lower_eager(self, lowering, mesh_impl) -> list:
     num_inputs = len(self._forward_op.inputs)

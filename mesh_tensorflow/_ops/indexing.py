@@ -158,8 +158,9 @@ class TopKOperation(Operation):
       offset = mesh_impl.slicewise(lambda pcoord: pcoord * local_size,
                                    mesh_impl.laid_out_pcoord(mesh_axis))
       indices = mesh_impl.slicewise(tf.add, indices, offset)
-      values = mesh_impl.allconcat(values, mesh_axis, last_axis)
-      indices = mesh_impl.allconcat(indices, mesh_axis, last_axis)
+      comm = lowering.comm(self)
+      values = comm.allconcat(values, mesh_axis, last_axis, "top_k_op")
+      indices = comm.allconcat(indices, mesh_axis, last_axis, "top_k_op")
 
       def merge_top_k(values_slice, indices_slice):
         values_slice, positions = tf.math.top_k(values_slice, k)

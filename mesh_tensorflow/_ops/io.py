@@ -10,6 +10,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Shape, anonymous_shape, convert_to_dimension, convert_to_shape
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._lowering.laid_out import dtype_of
 from mesh_tensorflow._ops import reshape as reshape_ops
 
 __all__ = [
@@ -60,7 +61,7 @@ class ImportLaidOutTensorOperation(Operation):
 
   def __init__(self, mesh, laid_out_tensor, shape: Shape, name: Optional[str] = None):
     super().__init__([], mesh=mesh, name=name or "import")
-    dtype = laid_out_tensor.tensor_list[0].dtype
+    dtype = dtype_of(laid_out_tensor)
     self._laid_out_tensor = laid_out_tensor
     self._outputs = [Tensor(self, shape, dtype)]
     self._splittable_dims, self._unsplittable_dims = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import random as py_random
 from typing import Callable, Optional
 
 import tensorflow.compat.v1 as tf
@@ -10,6 +11,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Shape, convert_to_shape
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._lowering.mesh_impl import op_random_seed
 from mesh_tensorflow._ops import binary as binary_ops
 from mesh_tensorflow._ops import elementwise as elementwise_ops
 
@@ -27,12 +29,15 @@ class RandomOperation(Operation):
     self._tf_fn = tf_fn
     self._kwargs = kwargs
     self._outputs = [Tensor(self, convert_to_shape(shape), tf.as_dtype(kwargs.get("dtype", tf.float32)))]
+    # Without a graph seed, every lowering of this op (e.g. one per TPU replica) still draws alike.
+    self._unseeded_seed = py_random.randrange(2 ** 31)
     self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
     out = self.outputs[0]
-    lowering.set_tensor_lowering(out, mesh_impl.random(out.shape, self._tf_fn, self._kwargs))
+    seed = op_random_seed(self.name, fallback=self._unseeded_seed)
+    lowering.set_tensor_lowering(out, mesh_impl.random(out.shape, self._tf_fn, self._kwargs, seed=seed))
 
 
 def random_uniform(mesh, shape, **kwargs) -> Tensor:

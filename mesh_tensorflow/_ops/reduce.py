@@ -14,7 +14,6 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Dimension, Shape, convert_to_dimension, convert_to_shape
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
-from mesh_tensorflow._lowering.lazy import LazyAllreduceSum
 from mesh_tensorflow._lowering.tf_helpers import reduction_fn
 from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import binary as binary_ops
@@ -61,13 +60,11 @@ class ReduceOperation(Operation):
         x.shape, y.shape, mesh_impl.tensor_layout(x.shape), self._reduction_fn_string)
     result = mesh_impl.slicewise(slice_fn, lowering.tensors[x])
     if reduced_mesh_axes:
-      def add_counter_fn():
-        lowering.add_counter("allreduce/%s/reduce_op" % reduced_mesh_axes, lowering.laid_out_size(y))
+      comm = lowering.comm(self)
       if self._reduction_fn_string == "SUM":
-        result = LazyAllreduceSum(mesh_impl, result, reduced_mesh_axes, add_counter_fn=add_counter_fn)
+        result = comm.lazy_allreduce_sum(result, reduced_mesh_axes, "reduce_op")
       else:
-        result = mesh_impl.allreduce(result, reduced_mesh_axes, self._reduction_fn_string)
-        add_counter_fn()
+        result = comm.allreduce(result, reduced_mesh_axes, self._reduction_fn_string, "reduce_op")
     lowering.set_tensor_lowering(y, result)
 
 

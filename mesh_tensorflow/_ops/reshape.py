@@ -11,7 +11,7 @@ from typing import Optional
 
 import tensorflow.compat.v1 as tf
 
-from mesh_tensorflow._core.dims import Dimension, Shape, anonymous_shape, convert_to_shape, list_product
+from mesh_tensorflow._core.dims import Dimension, Shape, anonymous_shape, convert_to_shape
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._lowering import plan as plan_lib
@@ -20,15 +20,6 @@ from mesh_tensorflow._ops import einsum as einsum_ops
 __all__ = [
     "ReshapeOperation", "reshape", "transpose", "rename_dimension", "replace_dimensions", "anonymize",
 ]
-
-# How each collective step of a plan runs on a MeshImpl, and the counter it adds.
-_COLLECTIVES = {
-    plan_lib.AllSplit: ("allsplit", lambda impl, x, s: impl.allsplit(x, s.mesh_axis, s.tensor_axis)),
-    plan_lib.AllToAll: ("alltoall", lambda impl, x, s: impl.alltoall(
-        x, s.mesh_axis, s.split_axis, s.concat_axis)),
-    plan_lib.AllConcat: ("allconcat", lambda impl, x, s: impl.allconcat(x, s.mesh_axis, s.tensor_axis)),
-}
-
 
 class ReshapeOperation(Operation):
   """Same values, new shape (equal total size); the layout follows the new dimension names."""
@@ -48,11 +39,9 @@ class ReshapeOperation(Operation):
     x, y = self.inputs[0], self.outputs[0]
     steps = plan_lib.plan_reshape(x.shape, y.shape, mesh_impl.shape, mesh_impl.layout_rules)
     slices = lowering.tensors[x]
+    comm = lowering.comm(self)
     for step in steps[:-1]:
-      kind, run = _COLLECTIVES[type(step)]
-      slices = run(mesh_impl, slices.to_laid_out_tensor(), step)
-      lowering.add_counter("%s/%s/reshape_op" % (kind, step.mesh_axis),
-                           list_product(step.slice_shape_after) * step.num_processors)
+      slices = comm.run_layout_step(slices, step, "reshape_op")
     new_slice_shape = list(steps[-1].slice_shape_after)
     slices = mesh_impl.slicewise_delay_allreduce(lambda t: tf.reshape(t, new_slice_shape), slices)
     lowering.set_tensor_lowering(y, slices)

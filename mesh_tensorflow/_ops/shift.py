@@ -80,16 +80,13 @@ class ShiftOperation(Operation):
     mesh_axis = mesh_impl.tensor_dimension_to_mesh_axis(self._dim)
     block = self._dim.size // mesh_impl.shape[mesh_axis].size
     q, r = divmod(self._offset, block)
-    laid_out_size = mesh_impl.laid_out_size(self.inputs[0].shape)
+    comm = lowering.comm(self)
     if r == 0:
-      lowering.add_counter("shift[%d]" % q, laid_out_size)
-      return mesh_impl.shift_by_n_processors(x, mesh_axis, q, self._wrap)
+      return comm.shift_by_n_processors(x, mesh_axis, q, self._wrap, "shift_op")
     tail = mesh_impl.slicewise(lambda t: self._slice(t, block - r, r), x)
     head = mesh_impl.slicewise(lambda t: self._slice(t, 0, block - r), x)
-    lowering.add_counter("shift[%d]" % (q + 1), laid_out_size * r // block)
-    lowering.add_counter("shift[%d]" % q, laid_out_size * (block - r) // block)
-    first = mesh_impl.shift_by_n_processors(tail, mesh_axis, q + 1, self._wrap)
-    second = mesh_impl.shift_by_n_processors(head, mesh_axis, q, self._wrap)
+    first = comm.shift_by_n_processors(tail, mesh_axis, q + 1, self._wrap, "shift_op")
+    second = comm.shift_by_n_processors(head, mesh_axis, q, self._wrap, "shift_op")
     return mesh_impl.slicewise(lambda a, b: tf.concat([a, b], axis=self._axis), first, second)
 
 

@@ -204,7 +204,7 @@ class Assign(Operation):
     ops = []
     for var, val in zip(self._variables, self.inputs):
       ops.append(lowering.variables[var].assign_to_slices(
-          self._assign_fn, lowering.tensors[val].to_laid_out_tensor().all_slices))
+          self._assign_fn, lowering.tensors[val].to_laid_out_tensor()))
     lowering.operations[self] = tf.group(ops)
 
   @property

@@ -129,13 +129,15 @@ def _reduce_graph(mtf_fn):
 
 def test_sum_over_a_split_dim_is_one_lazy_allreduce():
   counters = lowering_counters(_reduce_graph(mtf.reduce_sum), "x:2;y:4", "b:x;c:y")
-  assert counters["allreduce/[0, 1]/reduce_op"] == 2 * 8  # [a=2] replicated on 8 processors
+  # [a=2] partial sums on 8 processors, one group of 8: a ring sends 2 * (8 - 1) slices of 2.
+  assert counters["allreduce/[0, 1]/reduce_op"] == 2 * 7 * 2
 
 
 @pytest.mark.parametrize("mtf_fn", [mtf.reduce_max, mtf.reduce_min])
 def test_max_and_min_over_a_split_dim_allreduce(mtf_fn):
   counters = lowering_counters(_reduce_graph(mtf_fn), "x:2;y:4", "c:y")
-  assert counters["allreduce/[1]/reduce_op"] == 2 * 8
+  # Two groups of 4 along y, each ring sending 2 * (4 - 1) slices of [a=2].
+  assert counters["allreduce/[1]/reduce_op"] == 2 * (2 * 3 * 2)
 
 
 def test_reducing_replicated_dims_needs_no_allreduce():

@@ -1,0 +1,180 @@
+"""The communication layer: every data movement between processors goes through here.
+
+Op families never call a backend's collectives themselves. They ask the lowering for a
+`Communicator` bound to their op (`lowering.comm(op)`), which records one `CommEvent` per
+collective -- kind, mesh axes, group size, slice shape, dtype, bytes sent, the mtf op and the
+reason -- and then runs the backend primitive. `Lowering.counters` and
+`Lowering.communication_events` are both derived from these events, and a shape-only lowering
+(`mtf.dry_run`) records the same events without building any TF op.
+
+Bytes follow one backend-independent model (n = group size, S = slice bytes, P = processors):
+
+  | kind      | bytes sent by all processors together     |
+  | allreduce | 2 (n - 1) S P / n   (ring reduce-scatter + allgather)
+  | allconcat | (n - 1) S P         (each processor sends its slice to the n - 1 others)
+  | alltoall  | (n - 1) S P / n     (each processor keeps 1/n of its slice)
+  | receive   | S per processor whose source is another processor
+  | allsplit  | 0                   (each processor keeps a piece of what it holds)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Sequence
+
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow._core.dims import list_product
+from mesh_tensorflow._lowering import plan as plan_lib
+
+ALLREDUCE, ALLCONCAT, ALLTOALL, ALLSPLIT, RECEIVE = (
+    "allreduce", "allconcat", "alltoall", "allsplit", "receive")
+
+
+@dataclasses.dataclass(frozen=True)
+class CommEvent:
+  """One collective: what moved, over which mesh axes, for which mtf op and why."""
+
+  kind: str
+  mesh_axes: tuple
+  group_size: int
+  num_processors: int
+  slice_shape: tuple
+  dtype: str
+  itemsize: int
+  bytes_sent: int
+  op_name: str
+  reason: str
+  in_loop: Optional[str] = None  # name of the enclosing while_loop (the event repeats per iteration)
+
+  @property
+  def bytes_per_processor(self) -> float:
+    """Average bytes each processor sends."""
+    return self.bytes_sent / self.num_processors
+
+  @property
+  def counter_key(self) -> str:
+    """The `Lowering.counters` key: "allreduce/[0, 1]/reduce_op", "alltoall/0/reshape_op", ..."""
+    axes = list(self.mesh_axes) if self.kind == ALLREDUCE else self.mesh_axes[0]
+    return f"{self.kind}/{axes}/{self.reason}"
+
+  @property
+  def elements_sent(self) -> int:
+    return self.bytes_sent // self.itemsize
+
+  def __str__(self):
+    return (f"{self.kind}(mesh_axes={list(self.mesh_axes)}, group={self.group_size}, "
+            f"slice={list(self.slice_shape)} {self.dtype}, {self.bytes_sent} bytes) "
+            f"for {self.op_name!r} ({self.reason})")
+
+
+def bytes_sent(kind: str, group_size: int, num_processors: int, slice_bytes: int,
+               source_pcoord: Optional[Sequence] = None) -> int:
+  """Bytes sent by all processors together, per the model in the module docstring."""
+  n, p = group_size, num_processors
+  if kind == ALLREDUCE:
+    return 2 * (n - 1) * slice_bytes * (p // n)
+  if kind == ALLCONCAT:
+    return (n - 1) * slice_bytes * p
+  if kind == ALLTOALL:
+    return (n - 1) * (slice_bytes // n) * p
+  if kind == RECEIVE:
+    movers = sum(1 for k, s in enumerate(source_pcoord) if s is not None and s != k)
+    return movers * slice_bytes * (p // n)
+  if kind == ALLSPLIT:
+    return 0
+  raise ValueError(f"Unknown collective kind {kind!r}.")
+
+
+class Communicator:
+  """The collectives of one mesh impl, recorded as events of one mtf op.
+
+  Args:
+    mesh_impl: the backend that runs the collectives.
+    record: called with each CommEvent (the lowering appends it to its event list).
+    op_name: the mtf op the events are charged to.
+    in_loop: the enclosing while_loop's name, if any.
+  """
+
+  def __init__(self, mesh_impl, record: Callable[[CommEvent], None], op_name: str,
+               in_loop: Optional[str] = None):
+    self.mesh_impl = mesh_impl
+    self._record = record
+    self.op_name = op_name
+    self.in_loop = in_loop
+
+  def _event(self, kind: str, x, mesh_axes: Sequence[int], reason: str, source_pcoord=None) -> None:
+    mesh_impl = self.mesh_impl
+    slice_shape = tuple(x.slice_shape)
+    dtype = tf.as_dtype(x.dtype)
+    group_size = list_product(mesh_impl.shape[a].size for a in mesh_axes)
+    slice_bytes = list_product(slice_shape) * dtype.size
+    self._record(CommEvent(
+        kind=kind, mesh_axes=tuple(mesh_axes), group_size=group_size,
+        num_processors=mesh_impl.size, slice_shape=slice_shape, dtype=dtype.name,
+        itemsize=dtype.size,
+        bytes_sent=bytes_sent(kind, group_size, mesh_impl.size, slice_bytes, source_pcoord),
+        op_name=self.op_name, reason=reason, in_loop=self.in_loop))
+
+  def allreduce(self, x, mesh_axes: Sequence[int], reduction_fn_string: str, reason: str):
+    """Reduces x over the processors that differ only along mesh_axes."""
+    if not mesh_axes:
+      return x
+    x = x.to_laid_out_tensor()
+    self._event(ALLREDUCE, x, mesh_axes, reason)
+    return self.mesh_impl.allreduce(x, list(mesh_axes), reduction_fn_string)
+
+  def allconcat(self, x, mesh_axis: int, concat_axis: int, reason: str):
+    """Every processor gets the slices of its group along mesh_axis, concatenated on concat_axis."""
+    x = x.to_laid_out_tensor()
+    self._event(ALLCONCAT, x, [mesh_axis], reason)
+    return self.mesh_impl.allconcat(x, mesh_axis, concat_axis)
+
+  def alltoall(self, x, mesh_axis: int, split_axis: int, concat_axis: int, reason: str):
+    """Moves the split along mesh_axis from concat_axis to split_axis."""
+    x = x.to_laid_out_tensor()
+    self._event(ALLTOALL, x, [mesh_axis], reason)
+    return self.mesh_impl.alltoall(x, mesh_axis, split_axis, concat_axis)
+
+  def allsplit(self, x, mesh_axis: int, split_axis: int, reason: str):
+    """Each processor keeps its own 1/n piece of split_axis (no data moves)."""
+    x = x.to_laid_out_tensor()
+    self._event(ALLSPLIT, x, [mesh_axis], reason)
+    return self.mesh_impl.allsplit(x, mesh_axis, split_axis)
+
+  def receive(self, x, mesh_axis: int, source_pcoord: Sequence, reason: str):
+    """Processor k along mesh_axis gets the slice of processor source_pcoord[k] (zeros for None)."""
+    x = x.to_laid_out_tensor()
+    self._event(RECEIVE, x, [mesh_axis], reason, source_pcoord=source_pcoord)
+    return self.mesh_impl.receive(x, mesh_axis, source_pcoord)
+
+  def shift_by_n_processors(self, x, mesh_axis: int, offset: int, wrap: bool, reason: str):
+    """Processor i along mesh_axis receives the slice of processor i - offset (zeros past the ends)."""
+    source_pcoord = shift_sources(self.mesh_impl.shape[mesh_axis].size, offset, wrap)
+    return self.receive(x, mesh_axis, source_pcoord, reason)
+
+  def run_layout_step(self, x, step: plan_lib.LayoutStep, reason: str):
+    """Runs one collective step of a plan from `_lowering/plan.py`."""
+    if isinstance(step, plan_lib.AllSplit):
+      return self.allsplit(x, step.mesh_axis, step.tensor_axis, reason)
+    if isinstance(step, plan_lib.AllToAll):
+      return self.alltoall(x, step.mesh_axis, step.split_axis, step.concat_axis, reason)
+    if isinstance(step, plan_lib.AllConcat):
+      return self.allconcat(x, step.mesh_axis, step.tensor_axis, reason)
+    raise ValueError(f"{step} is not a collective step.")
+
+  def lazy_allreduce_sum(self, x, mesh_axes: Sequence[int], reason: str):
+    """Partial sums over mesh_axes, allreduced (and recorded) only when first used."""
+    from mesh_tensorflow._lowering.lazy import LazyAllreduceSum
+    return LazyAllreduceSum(self.mesh_impl, x, list(mesh_axes), comm=self, reason=reason)
+
+
+def shift_sources(n: int, offset: int, wrap: bool) -> list:
+  """Per coordinate i of n: the coordinate i - offset it receives from (None past the ends)."""
+  ret = []
+  for i in range(n):
+    c = i - offset
+    if c != c % n:
+      c = c % n if wrap else None
+    ret.append(c)
+  return ret
