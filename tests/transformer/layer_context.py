@@ -32,11 +32,11 @@ def make_context(x: mtf.Tensor, model, mode: str = "eval", causal: bool = True,
   batch_dim, length_dim = x.shape.dims[0], x.shape.dims[1]
   position = mtf.range(x.mesh, length_dim, tf.int32)
   priority = position if causal else None
-  kwargs.setdefault("read_priority", priority)
-  kwargs.setdefault("write_priority", priority)
-  return transformer.Context(
-      model=model, mesh=x.mesh, batch_dims=[batch_dim], length_dim=length_dim, variable_dtype=VARIABLE_DTYPE,
-      mode=mode, position=position, states=[], new_states=[], constant_states=[], losses=[], **kwargs)
+  args = dict(read_priority=priority, write_priority=priority, states=[], new_states=[], constant_states=[],
+              losses=[])
+  args.update(kwargs)
+  return transformer.Context(model=model, mesh=x.mesh, batch_dims=[batch_dim], length_dim=length_dim,
+                             variable_dtype=VARIABLE_DTYPE, mode=mode, position=position, **args)
 
 
 def call_layer(layer, context, x: mtf.Tensor, scope: str = "layer") -> mtf.Tensor:

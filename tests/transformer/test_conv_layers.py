@@ -1,0 +1,165 @@
+"""transformer_layers convolutions: Conv1DLayer, SeparableConv1DLayer, the conv-attention family,
+LocalConvAttnBlock and the Conv1D decoding-state helpers, against plain-TF references."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import transformer_layers
+from tests.harness import lower_and_evaluate
+from tests.layers.layer_check import check_layer, shape_keyed_initializer
+from tests.transformer.layer_context import call_layer, make_context, model_stub
+
+RNG = np.random.RandomState(2)
+BATCH, LENGTH, D_MODEL = 2, 6, 4
+X_SHAPE = "batch:2;length:6;d_model:4"
+SEPARABLE = "layer/separable_conv1d/"
+
+
+def _x():
+  return RNG.randn(BATCH, LENGTH, D_MODEL).astype(np.float32)
+
+
+def _build(layer):
+  def build(x):
+    return call_layer(layer, make_context(x, model_stub(D_MODEL)), x)
+  return build
+
+
+def tf_shift(x, r: int):
+  """y[:, t] = x[:, t + r], zero outside the sequence."""
+  if r >= 0:
+    return tf.pad(x[:, r:], [[0, 0], [0, r], [0, 0]])
+  return tf.pad(x[:, :LENGTH + r], [[0, 0], [-r, 0], [0, 0]])
+
+
+def tf_separable(x, depthwise_kernels, variables, prefix=SEPARABLE, min_relative_pos=-2):
+  """sum_r shift(x, r) * kernel_r + depthwise bias, then the pointwise dense (with bias)."""
+  depthwise = tf.add_n([tf_shift(x, min_relative_pos + i) * kernel
+                        for i, kernel in enumerate(depthwise_kernels)])
+  depthwise += variables[prefix + "depthwise_conv_hack/depthwise_dense_0/bias"]
+  return (tf.einsum("bld,de->ble", depthwise, variables[prefix + "pointwise_dense/kernel"])
+          + variables[prefix + "pointwise_dense/bias"])
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("batch:2", "batch:batch")])
+def test_conv1d_layer_is_a_causal_convolution(mesh_shape, layout):
+  layer = transformer_layers.Conv1DLayer(filter_size=3, output_size=D_MODEL, activation="relu")
+
+  def reference(x, variables):
+    padded = tf.pad(x, [[0, 0], [2, 0], [0, 0]])
+    return tf.nn.relu(tf.nn.conv1d(padded, variables["layer/conv2d/kernel"][0], stride=1, padding="VALID"))
+  result = check_layer(_build(layer), reference, [(_x(), X_SHAPE)], mesh_shape, layout)
+  assert result.shapes["layer/conv2d/kernel"].to_integer_list == [1, 3, D_MODEL, D_MODEL]
+
+
+def test_conv1d_layer_takes_its_kernel_from_tf_glorot_uniform_initializer_at_call_time():
+  kernel = RNG.randn(1, 2, D_MODEL, D_MODEL).astype(np.float32)
+  layer = transformer_layers.Conv1DLayer(filter_size=2, output_size=D_MODEL)
+  with mock.patch.object(tf, "glorot_uniform_initializer",
+                         return_value=shape_keyed_initializer({kernel.shape: kernel})):
+    def reference(x, variables):
+      padded = tf.pad(x, [[0, 0], [1, 0], [0, 0]])
+      return tf.nn.conv1d(padded, variables["layer/conv2d/kernel"][0], stride=1, padding="VALID")
+    result = check_layer(_build(layer), reference, [(_x(), X_SHAPE)])
+  np.testing.assert_array_equal(result.variables["layer/conv2d/kernel"], kernel)
+
+
+def test_separable_conv1d_layer_sums_shifted_inputs_times_depthwise_kernels():
+  layer = transformer_layers.SeparableConv1DLayer(min_relative_pos=-2, max_relative_pos=1,
+                                                  output_size=D_MODEL)
+
+  def reference(x, variables):
+    kernels = [variables[SEPARABLE + "depthwise_conv_hack/depthwise_dense_%d/kernel" % i] for i in range(4)]
+    return tf_separable(x, kernels, variables)
+  check_layer(_build(layer), reference, [(_x(), X_SHAPE)], "batch:2", "batch:batch")
+
+
+def _spread(kernel, heads: int):
+  """[..., heads] -> [..., d_model]: channel c takes head c // (d_model / heads)."""
+  return tf.gather(kernel, np.arange(D_MODEL) // (D_MODEL // heads), axis=-1)
+
+
+CONV_ATTENTION_CASES = {
+    "conv": (lambda: transformer_layers.Conv1DLocalAttn(-2, 1, D_MODEL),
+             lambda x, v: tf.nn.softmax(v["layer/conv_attn_kernel"], axis=0)),
+    "lightweight": (lambda: transformer_layers.LightweightConv1DLocalAttn(-2, 1, D_MODEL, num_heads=2),
+                    lambda x, v: _spread(tf.nn.softmax(v["layer/conv_attn_kernel"], axis=0), 2)),
+    "dynamic": (lambda: transformer_layers.DynamicConv1DLocalAttn(-2, 1, D_MODEL, num_heads=2),
+                lambda x, v: _spread(tf.nn.softmax(
+                    tf.einsum("bld,drh->blrh", x, v["layer/conv_attn_kernel/kernel"]), axis=2), 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONV_ATTENTION_CASES))
+def test_conv_attention_kernels_are_softmax_over_the_window(name):
+  make_layer, weights_fn = CONV_ATTENTION_CASES[name]
+
+  def reference(x, variables):
+    weights = weights_fn(x, variables)  # [(batch, length,) relative_position, d_model]
+    return tf_separable(x, [weights[..., i, :] for i in range(4)], variables)
+  check_layer(_build(make_layer()), reference, [(_x(), X_SHAPE)], "batch:2;model:2",
+              "batch:batch;heads:model")
+
+
+def test_local_conv_attn_block_is_glu_then_lightweight_convolution():
+  layer = transformer_layers.LocalConvAttnBlock(min_relative_pos=-2, max_relative_pos=1, num_heads=2)
+
+  def reference(x, variables):
+    gated = (tf.einsum("bld,de->ble", x, variables["layer/glu_0/kernel"])
+             * tf.sigmoid(tf.einsum("bld,de->ble", x, variables["layer/glu_1/kernel"])))
+    weights = _spread(tf.nn.softmax(variables["layer/conv/conv_attn_kernel"], axis=0), 2)
+    return tf_separable(gated, [weights[i] for i in range(4)], variables,
+                        prefix="layer/conv/separable_conv1d/")
+  check_layer(_build(layer), reference, [(_x(), X_SHAPE)])
+
+
+def test_conv_attention_arguments_are_checked():
+  with pytest.raises(ValueError, match="unknown conv_type 'gated'"):
+    transformer_layers.LocalConvAttnBlock(-2, 0, conv_type="gated")
+  layer = transformer_layers.LightweightConv1DLocalAttn(-1, 0, D_MODEL, num_heads=3)
+  with pytest.raises(ValueError, match="num_heads=3 must divide the channel dim"):
+    lower_and_evaluate(lambda mesh: [_build(layer)(mtf.zeros(mesh, X_SHAPE))])
+
+
+def test_record_states_first_part_mode_keeps_the_inputs_before_the_initial_position():
+  x = _x()
+  initial_position = np.array([1, 5], np.int32)
+
+  def build(mesh):
+    xt = mtf.import_tf_tensor(mesh, tf.constant(x), shape=X_SHAPE)
+    context = make_context(xt, model_stub(D_MODEL), mode="first_part", initial_position=mtf.import_tf_tensor(
+        mesh, tf.constant(initial_position), shape="batch:2"))
+    transformer_layers.Conv1D().record_states_first_part_mode(context, xt, filter_size=3)
+    state, = context.new_states
+    assert state.shape.dimension_names == ["batch", "length_filter_width", "d_model"]
+    return [state]
+  state, = lower_and_evaluate(build, "batch:2", "batch:batch")
+  np.testing.assert_array_equal(state[0], np.stack([np.zeros(D_MODEL), np.zeros(D_MODEL), x[0, 0]]))
+  np.testing.assert_array_equal(state[1], x[1, 2:5])
+
+
+def test_update_state_and_incremental_mode_shift_the_window_and_append_x():
+  old_state = RNG.randn(BATCH, 3, D_MODEL).astype(np.float32)
+  x = RNG.randn(BATCH, D_MODEL).astype(np.float32)
+  expected = np.concatenate([old_state[:, 1:], x[:, None]], axis=1)
+
+  def build(mesh):
+    state = mtf.import_tf_tensor(mesh, tf.constant(old_state),
+                                 shape="batch:2;length_filter_width:3;d_model:4")
+    xt = mtf.import_tf_tensor(mesh, tf.constant(x), shape="batch:2;d_model:4")
+    filter_dim = state.shape.dims[1]
+    last = mtf.constant(mesh, 2, mtf.Shape(xt.shape.dims[:1]), dtype=tf.int32)
+    updated = transformer_layers.Conv1D().update_state(state, xt, last, filter_dim, tf.float32)
+    context = make_context(mtf.zeros(mesh, X_SHAPE), model_stub(D_MODEL), mode="incremental", states=[state])
+    incremental = transformer_layers.Conv1D().record_states_incremental_mode(context, xt, filter_size=3)
+    assert context.new_states == [incremental]
+    return [updated, incremental]
+  updated, incremental = lower_and_evaluate(build)
+  np.testing.assert_allclose(updated, expected)
+  np.testing.assert_allclose(incremental, expected)
