@@ -24,6 +24,10 @@ class BalancedVariablePlacer:
   `devices`. Ties go to the smaller device string. Non-variable ops (initializers, reads) follow
   the last variable placed.
 
+  Args:
+    devices: device strings to place variables on.
+    init_usage: bytes already in use on each device (default all 0).
+
   Example:
     placer = BalancedVariablePlacer(["cpu:0", "cpu:1"], init_usage=[100, 0])
     mesh = mtf.Mesh(graph, "mesh", placer)  # the first variable goes to "cpu:1"
@@ -62,6 +66,9 @@ def create_host_call(model_dir: str):
   Reads the (name, scalar) pairs in the default graph's SCALAR_SUMMARIES_COLLECTION_KEY
   collection. Each tensor is passed reshaped to [1] so per-core values can be concatenated; the
   host call writes their mean under `name` at the global step.
+
+  Args:
+    model_dir: the folder the summary events are written to.
 
   Returns:
     (host_call_fn, [global_step reshaped to [1]] + reshaped summaries), or None when there are

@@ -16,6 +16,13 @@ class MtfCheckpointSaverListener(tf.train.CheckpointSaverListener):
   """Copies slices to masters before each checkpoint (pass in CheckpointSaverHook's listeners).
 
   Build it while the lowered graph is the default graph: the copy op is created here.
+
+  Args:
+    lowering: the mtf.Lowering whose variables are saved.
+
+  Example:
+    tf.train.CheckpointSaverHook(checkpoint_dir, save_steps=100,
+                                 listeners=[mtf.MtfCheckpointSaverListener(lowering)])
   """
 
   def __init__(self, lowering):
@@ -31,6 +38,12 @@ class MtfRestoreHook(tf.train.SessionRunHook):
 
   List it before any hook that reads slices in after_create_session (e.g. a CheckpointSaverHook
   with an MtfCheckpointSaverListener, which saves at step 0).
+
+  Args:
+    lowering: the mtf.Lowering whose variables are restored.
+
+  Example:
+    tf.train.MonitoredTrainingSession(checkpoint_dir=..., hooks=[mtf.MtfRestoreHook(lowering), ...])
   """
 
   def __init__(self, lowering):

@@ -166,6 +166,11 @@ class AdafactorWithMultiLRSchedule(schedules.MultiLRScheduleMixin, AdafactorOpti
 
   Variables whose name matches the regex variable_search[i] use alt_lr_schedules[i]; the others
   use `learning_rate` (or Adafactor's default).
+
+  Args:
+    variable_search: regexes searched in variable names, in order.
+    alt_lr_schedules: one schedule per regex (see compute_lr_for_step).
+    **kwargs: AdafactorOptimizer's arguments.
   """
 
   def __init__(self, variable_search: Optional[Sequence[str]] = None,
@@ -175,7 +180,16 @@ class AdafactorWithMultiLRSchedule(schedules.MultiLRScheduleMixin, AdafactorOpti
 
 
 def adafactor_optimizer_from_hparams(hparams, lr) -> AdafactorOptimizer:
-  """An AdafactorOptimizer from tensor2tensor-style `optimizer_adafactor_*` hparams."""
+  """An AdafactorOptimizer from tensor2tensor-style `optimizer_adafactor_*` hparams.
+
+  Args:
+    hparams: an object with attributes optimizer_adafactor_{decay_type ("Adam" or "pow"), beta1,
+      beta2, memory_exponent, multiply_by_parameter_scale, clipping_threshold, factored}.
+    lr: the learning rate.
+
+  Returns:
+    An AdafactorOptimizer.
+  """
   if hparams.optimizer_adafactor_decay_type == "Adam":
     decay_rate = schedules.adafactor_decay_rate_adam(hparams.optimizer_adafactor_beta2)
   elif hparams.optimizer_adafactor_decay_type == "pow":
@@ -193,7 +207,15 @@ def adafactor_optimizer_from_hparams(hparams, lr) -> AdafactorOptimizer:
 
 
 def make_optimizer(hparams, lr) -> base.Optimizer:
-  """The optimizer named by hparams.optimizer: "SGD" or "Adafactor"."""
+  """The optimizer named by hparams.optimizer: "SGD" or "Adafactor".
+
+  Args:
+    hparams: tensor2tensor-style hparams (see adafactor_optimizer_from_hparams).
+    lr: the learning rate.
+
+  Returns:
+    An SgdOptimizer or AdafactorOptimizer.
+  """
   if hparams.optimizer == "SGD":
     return base.SgdOptimizer(lr)
   if hparams.optimizer == "Adafactor":

@@ -21,6 +21,14 @@ class AdamWeightDecayOptimizer(base.Optimizer):
   m' = b1 m + (1-b1) g;  v' = b2 v + (1-b2) g²;  var -= lr (m' / (sqrt(v') + eps) + wd var).
   Slots `var.name + "/adam_m"` and `"/adam_v"` are float32. Variables whose name matches a
   regex in `exclude_from_weight_decay` get no decay.
+
+  Args:
+    learning_rate: a number or scalar tensor.
+    weight_decay_rate: wd above; 0 disables weight decay.
+    beta_1: decay of the first moment m.
+    beta_2: decay of the second moment v.
+    epsilon: added to sqrt(v') (keeps the division finite).
+    exclude_from_weight_decay: regexes; matching variable names get no weight decay.
   """
 
   def __init__(self, learning_rate, weight_decay_rate: float = 0.0, beta_1: float = 0.9,
@@ -64,6 +72,11 @@ class AdamWithMultiLRSchedule(schedules.MultiLRScheduleMixin, AdamWeightDecayOpt
 
   Variables whose name matches the regex variable_search[i] use alt_lr_schedules[i]; the others
   use `learning_rate`.
+
+  Args:
+    variable_search: regexes searched in variable names, in order.
+    alt_lr_schedules: one schedule per regex (see compute_lr_for_step).
+    **kwargs: AdamWeightDecayOptimizer's arguments.
   """
 
   def __init__(self, variable_search: Optional[Sequence[str]] = None,

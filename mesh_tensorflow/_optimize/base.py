@@ -25,7 +25,7 @@ def reduce_rms(x: mtf.Tensor, **kwargs) -> mtf.Tensor:
 
 
 def to_update_dtype(x: mtf.Tensor) -> mtf.Tensor:
-  """x in float32 if it is a 16-bit float: updates computed in bfloat16 lose small steps."""
+  """Returns x in float32 if it is a 16-bit float: updates computed in bfloat16 lose small steps."""
   if x.dtype in (tf.bfloat16, tf.float16):
     return mtf.to_float(x)
   return x
@@ -78,6 +78,7 @@ class Optimizer:
     Args:
       grads: list of mtf Tensors (or None), aligned with variables.
       variables: list of mtf Variables, e.g. graph.trainable_variables.
+
     Returns:
       list of mtf Assign operations (empty if nothing is updated).
     """
@@ -93,13 +94,28 @@ class Optimizer:
     return variables[0].graph.combine_assignments(ops)
 
   def apply_grad(self, grad, var) -> list:
-    """Update ops for one variable: a list of mtf Assign operations."""
+    """Update ops for one variable.
+
+    Args:
+      grad: the variable's gradient, an mtf Tensor (None: no update, with a warning).
+      var: the mtf Variable (or its output Tensor).
+
+    Returns:
+      A list of mtf Assign operations.
+    """
     raise ValueError("apply_grad not implemented %s %s" % (grad, var))
 
 
 @gin.configurable(module=_GIN_MODULE)
 class SgdOptimizer(Optimizer):
-  """Plain SGD: var -= learning_rate * grad."""
+  """Plain SGD: var -= learning_rate * grad.
+
+  Args:
+    learning_rate: a number, or a scalar tf or mtf tensor.
+
+  Example:
+    updates = mtf.optimize.SgdOptimizer(0.1).apply_grads(grads, graph.trainable_variables)
+  """
 
   def __init__(self, learning_rate):
     self._lr = learning_rate
@@ -121,6 +137,10 @@ class MomentumOptimizer(Optimizer):
   """SGD with momentum: v = learning_rate * grad + momentum * v; var -= v (the new v).
 
   Slot `var.name + "_momentum_v"` has the variable's VariableDType.
+
+  Args:
+    learning_rate: a number, or a scalar tf or mtf tensor.
+    momentum: the decay of v.
   """
 
   def __init__(self, learning_rate, momentum):

@@ -55,7 +55,14 @@ def adafactor_decay_rate_pow(exponent: float = 0.8, offset: int = 0, step=None) 
 def product_learning_rate(step, total_train_steps, factors=gin.REQUIRED, offset=0):
   """The product of `factors`: numbers, or functions f(step, total_train_steps) -> rate.
 
-  With `offset`, factors see step - offset and total_train_steps - offset.
+  Args:
+    step: the training step (number or tensor).
+    total_train_steps: the number of training steps.
+    factors: numbers and functions f(step, total_train_steps).
+    offset: factors see step - offset and total_train_steps - offset.
+
+  Returns:
+    The product (number or tensor).
   """
   ret = 1.0
   for f in factors:
@@ -93,8 +100,11 @@ def compute_lr_for_step(schedules: Sequence, learning_rate, train_steps: int = 5
 
 
 class MultiLRScheduleMixin:
-  """Per-variable learning rates: the first `variable_search` regex found in a variable's name
-  selects the matching entry of `alt_lr_schedules`; other variables keep the default rate."""
+  """Per-variable learning rates for an optimizer.
+
+  The first `variable_search` regex found in a variable's name selects the matching entry of
+  `alt_lr_schedules`; other variables keep the default rate.
+  """
 
   def _init_multi_lr(self, variable_search: Optional[Sequence[str]], alt_lr_schedules: Optional[Sequence],
                      default_learning_rate, step=None) -> None:
