@@ -17,7 +17,24 @@ from mesh_tensorflow._lowering.tf_helpers import parallel, transpose_list_of_lis
 
 
 class PlacementMeshImpl(MeshImpl):
-  """Mesh implementation for CPU/GPU device lists (one slice per device)."""
+  """Mesh implementation for CPU/GPU device lists (one slice per device).
+
+  Processor `pnum` (row-major over the mesh shape, last dimension fastest) computes on
+  `devices[pnum]`; collectives are copies between those devices.
+
+  Args:
+    shape: the mesh shape, an mtf.Shape or a string such as "rows:2;cols:4".
+    layout: layout rules, an mtf.LayoutRules or a string such as "batch:rows;d_ff:cols".
+    devices: one TF device string per processor: "" (no placement), "cpu:N", "gpu:N", or
+      "/job:worker/task:K/device:GPU:N" in a TF cluster.
+
+  Raises:
+    ValueError: the number of devices differs from the number of processors.
+
+  Example:
+    mesh_impl = PlacementMeshImpl("rows:2;cols:4", "batch:rows", ["gpu:%d" % i for i in range(8)])
+    lowering = mtf.Lowering(graph, {mesh: mesh_impl})
+  """
 
   def __init__(self, shape, layout, devices):
     super().__init__(shape, layout)
