@@ -31,13 +31,21 @@ def sublayer_mask_padding(x, layer_stack, context):
   return x
 
 
+def _check_layer_output(layer, x, y) -> None:
+  if y.shape != x.shape:
+    raise ValueError(f"LayerStack: layer {layer.name or ''!r} ({type(layer).__name__}) returned shape "
+                     f"{y.shape} for input shape {x.shape}; a layer must return its input's shape.")
+
+
 @_configurable
 def sublayer_call_layer(x, layer_stack, context):
   """Calls the current layer (on x with padding masked) in a scope named after its class."""
   x = sublayer_mask_padding(x, layer_stack, context)
   layer = context.current_layer
   with tf.variable_scope(type(layer).__name__):
-    return layer.call(context, x)
+    y = layer.call(context, x)
+  _check_layer_output(layer, x, y)
+  return y
 
 
 def _rms_scale(context, shape) -> mtf.Tensor:
@@ -228,9 +236,7 @@ class LayerStack(TransformerLayer):
     context.current_layer = layer
     context.current_layer_input = x
     y = self._call_sublayers(self._sublayers_per_layer, x, context)
-    if y.shape != x.shape:
-      raise ValueError(f"LayerStack: layer {layer.name or ''!r} ({type(layer).__name__}) returned shape "
-                       f"{y.shape} for input shape {x.shape}; a layer must return its input's shape.")
+    _check_layer_output(layer, x, y)
     return y
 
   @property
