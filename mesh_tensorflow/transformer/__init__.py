@@ -1,1 +1,17 @@
-"""mesh_tensorflow.transformer: Transformer models (layers, stacks, encoder-decoder) built from mtf ops."""
+"""mesh_tensorflow.transformer: Transformer models (layers, stacks, encoder-decoder) built from mtf ops.
+
+Importing the package needs only numpy, absl, gin and TensorFlow: tensorflow_datasets and the other
+optional packages are imported by the functions that need them.
+"""
+
+from mesh_tensorflow.transformer import (
+    attention as attention,
+    dataset as dataset,
+    learning_rate_schedules as learning_rate_schedules,
+    moe as moe,
+    t2t_vocabulary as t2t_vocabulary,
+    transformer as transformer,
+    transformer_layers as transformer_layers,
+    utils as utils,
+    vocabulary as vocabulary,
+)

@@ -36,12 +36,10 @@ def parse_gin_defaults_and_flags(skip_unknown: bool = False, finalize_config: bo
 
   Relative gin file names are looked up in --gin_location_prefix directories and in the packaged gin
   directory, so `--gin_file=models/bi_base.gin --gin_file=layouts/2x2_dp_mp.gin` works from a wheel.
-  Flags must have been parsed (absl.app.run does it); unparsed flags count as empty.
+  The flag values are read as they stand (their defaults, none, if absl has not parsed argv yet).
   """
-  def flag_value(name):
-    return FLAGS[name].value if FLAGS.is_parsed() else FLAGS[name].default
-  for path in list(flag_value("gin_location_prefix") or []) + [packaged_gin_dir()]:
+  for path in list(FLAGS["gin_location_prefix"].value or []) + [packaged_gin_dir()]:
     gin.add_config_file_search_path(path)
   gin.parse_config_file(os.path.join(packaged_gin_dir(), "defaults.gin"), skip_unknown=skip_unknown)
-  gin.parse_config_files_and_bindings(flag_value("gin_file"), flag_value("gin_param"),
+  gin.parse_config_files_and_bindings(FLAGS["gin_file"].value, FLAGS["gin_param"].value,
                                       skip_unknown=skip_unknown, finalize_config=finalize_config)
