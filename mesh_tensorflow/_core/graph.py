@@ -122,7 +122,18 @@ def _registered_rewrite(name: str) -> Callable:
 
 
 class Mesh:
-  """A named set of processors; its shape and devices come later, from a MeshImpl at lowering."""
+  """A named set of processors; its shape and devices come later, from a MeshImpl at lowering.
+
+  Args:
+    graph: the mtf.Graph whose ops run on this mesh.
+    name: a name for the mesh (for messages; meshes are told apart by identity).
+    variable_placer: an object with a `device_function(op)`, e.g. mtf.utils.BalancedVariablePlacer,
+      choosing the device of each master variable; default: all masters on "cpu:0".
+
+  Example:
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "my_mesh")
+  """
 
   def __init__(self, graph: Graph, name: str, variable_placer=None):
     _check_is_mtf_graph(graph, name)

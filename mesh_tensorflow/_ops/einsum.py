@@ -78,6 +78,16 @@ def einsum(xs: Sequence[Tensor], output_shape=None, reduced_dims=None,
   Example: einsum([x, w], reduced_dims=[d_model]) with x [batch, d_model], w [d_model, d_ff]
   gives [batch, d_ff].
 
+  Args:
+    xs: the input mtf Tensors (one or more), all of one dtype.
+    output_shape: the output's dims (mtf.Shape, list of Dimensions or string); dims of the inputs
+      absent from it are summed over.
+    reduced_dims: the dims to sum over, instead of output_shape.
+    name: an optional op name.
+
+  Returns:
+    An mtf Tensor.
+
   Raises:
     ValueError: reduced_dims holds a non-Dimension, or contradicts output_shape; inputs differ in
       dtype or in the size of a same-named dimension; no inputs.

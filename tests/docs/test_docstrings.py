@@ -14,6 +14,7 @@ import pytest
 import mesh_tensorflow as mtf
 
 FIRST_MET = [
+    mtf.Mesh, mtf.einsum,
     mtf.placement_mesh_impl.PlacementMeshImpl,
     mtf.MtfRestoreHook, mtf.MtfCheckpointSaverListener,
     mtf.optimize.Optimizer.apply_grads, mtf.optimize.Optimizer.apply_grad,
