@@ -19,10 +19,12 @@ VARIABLE_DTYPE = mtf.VariableDType(tf.float32, tf.float32, tf.float32)
 NEG = -1e9
 
 
-def model_stub(d_model: int, fully_autoregressive: bool = True, output_vocab_size=None):
+def model_stub(d_model: int, fully_autoregressive: bool = True, output_vocab_size=None, layout=None,
+               mesh_shape=None):
+  """layout/mesh_shape: what a model built for that mesh knows (MoE grouping, 2-D attention sharding)."""
   return types.SimpleNamespace(
       model_dim=mtf.Dimension("d_model", d_model), ensemble_dims=[], ensemble_dim=None,
-      fully_autoregressive=fully_autoregressive, layout=None, mesh_shape=None,
+      fully_autoregressive=fully_autoregressive, layout=layout, mesh_shape=mesh_shape,
       output_vocab_dim=mtf.Dimension("vocab", output_vocab_size) if output_vocab_size else None)
 
 

@@ -1,0 +1,227 @@
+"""transformer_layers attention variants against plain-TF references: talking-heads and general
+bilinear attention, branched (weighted-heads) attention, transparent encoder-decoder attention,
+the Synthesizer and mixture-of-experts attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import transformer_layers
+from tests.harness import lower_and_evaluate
+from tests.layers.layer_check import check_layer
+from tests.transformer.layer_context import (
+    call_layer, causal_bias, make_context, model_stub, tf_attention, tf_multihead_attention, tf_project_heads,
+    visibility_bias)
+
+RNG = np.random.RandomState(3)
+BATCH, LENGTH, D_MODEL = 2, 5, 8
+X_SHAPE = "batch:2;length:5;d_model:8"
+ENCODER_LENGTH = 4
+ENCODER_SHAPE = "batch:2;memory_length:4;d_model:8"
+ENCODER_IDS = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.int32)
+
+
+def _randn(*shape):
+  return RNG.randn(*shape).astype(np.float32)
+
+
+def _self_attention_build(layer, **context_kwargs):
+  def build(x):
+    return call_layer(layer, make_context(x, model_stub(D_MODEL), **context_kwargs), x)
+  return build
+
+
+def _enc_dec_build(layer):
+  def build(x, encoder_output, encoder_ids):
+    context = make_context(x, model_stub(D_MODEL), encoder_output=encoder_output,
+                           encoder_sequence_id=encoder_ids)
+    return call_layer(layer, context, x)
+  return build
+
+
+ENC_DEC_INPUTS = [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE),
+                  (_randn(BATCH, ENCODER_LENGTH, D_MODEL), ENCODER_SHAPE),
+                  (ENCODER_IDS, "batch:2;memory_length:4")]
+PADDING_BIAS = visibility_bias(ENCODER_IDS != 0)[:, None, None, :]  # [b, 1, 1, m]
+
+
+def tf_talking_heads(x, memory, variables, bias):
+  """Talking heads with key heads h=4, softmax heads s=2, value heads v=2; x2l and m2w dynamic projections."""
+  q = tf.einsum("bld,dhk->blhk", x, variables["layer/q/kernel"]) * 2 ** -0.5
+  k = tf.einsum("bmd,dhk->bmhk", memory, variables["layer/k/kernel"])
+  v = tf.einsum("bmd,dvk->bmvk", memory, variables["layer/v/kernel"])
+  logits = tf.einsum("blhk,bmhk->blhm", q, k)
+  dynamic = tf.einsum("bld,dhs->blhs", x, variables["layer/logits_x/kernel"])
+  logits = (tf.einsum("blhm,hs->blsm", logits, variables["layer/logits/kernel"])
+            + tf.einsum("blhm,blhs->blsm", logits, dynamic) + bias)
+  weights = tf.nn.softmax(logits)
+  dynamic = tf.einsum("bmd,dsv->bmsv", memory, variables["layer/weights_m/kernel"])
+  weights = (tf.einsum("blsm,sv->blvm", weights, variables["layer/weights/kernel"])
+             + tf.einsum("blsm,bmsv->blvm", weights, dynamic))
+  o = tf.einsum("blvm,bmvk->blvk", weights, v)
+  return tf.einsum("blvk,vkd->bld", o, variables["layer/o/kernel"])
+
+
+TALKING_HEADS = dict(key_heads_dims=[("heads", 4)], softmax_heads_dims=[("softmax_heads", 2)],
+                     value_heads_dims=[("value_heads", 2)], key_size=2, value_size=3,
+                     dynamic_projections=["x2l", "m2w"])
+
+
+def test_talking_heads_self_attention_mixes_heads_before_and_after_the_softmax():
+  layer = transformer_layers.TalkingHeadsSelfAttention(**TALKING_HEADS)
+
+  def reference(x, variables):
+    return tf_talking_heads(x, x, variables, causal_bias(LENGTH)[:, None, :])
+  result = check_layer(_self_attention_build(layer), reference, [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE)],
+                       "batch:2;model:2", "batch:batch;heads:model")
+  assert result.shapes["layer/logits/kernel"].dimension_names == ["heads", "softmax_heads"]
+
+
+def test_talking_heads_enc_dec_attention_hides_encoder_padding():
+  layer = transformer_layers.TalkingHeadsEncDecAttention(**TALKING_HEADS)
+
+  def reference(x, encoder_output, encoder_ids, variables):
+    return tf_talking_heads(x, encoder_output, variables, PADDING_BIAS)
+  check_layer(_enc_dec_build(layer), reference, ENC_DEC_INPUTS)
+
+
+def test_talking_heads_rejects_heads_roles_reusing_a_name_with_another_size():
+  layer = transformer_layers.TalkingHeadsSelfAttention(
+      key_heads_dims=[("heads", 4)], softmax_heads_dims=[("heads", 2)], value_heads_dims=[("heads", 2)])
+  with pytest.raises(ValueError, match="reuse the names \\['heads'\\]"):
+    lower_and_evaluate(lambda mesh: [_self_attention_build(layer)(mtf.zeros(mesh, X_SHAPE))])
+
+
+def tf_bilinear(x, memory, variables, bias):
+  """Bilinear attention: q = x W_q [heads, d_model], k = v = memory."""
+  q = tf.einsum("bld,dhe->blhe", x, variables["layer/q/kernel"]) * D_MODEL ** -0.5
+  weights = tf.nn.softmax(tf.einsum("blhe,bme->blhm", q, memory) + bias)
+  o = tf.einsum("blhm,bme->blhe", weights, memory)
+  return tf.einsum("blhe,hef->blf", o, variables["layer/o/kernel"])
+
+
+def test_general_bilinear_self_attention_uses_the_input_as_keys_and_values():
+  layer = transformer_layers.GeneralBilinearSelfAttention(heads_dims=[("heads", 2)])
+
+  def reference(x, variables):
+    return tf_bilinear(x, x, variables, causal_bias(LENGTH)[:, None, :])
+  result = check_layer(_self_attention_build(layer), reference, [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE)],
+                       "model:2", "heads:model")
+  assert sorted(result.variables) == ["layer/o/kernel", "layer/q/kernel"]
+
+
+def test_general_bilinear_enc_dec_attention_uses_the_encoder_output_as_keys_and_values():
+  layer = transformer_layers.GeneralBilinearEncDecAttention(heads_dims=[("heads", 2)])
+
+  def reference(x, encoder_output, encoder_ids, variables):
+    return tf_bilinear(x, encoder_output, variables, PADDING_BIAS)
+  check_layer(_enc_dec_build(layer), reference, ENC_DEC_INPUTS)
+
+
+def tf_branched(x, memory, variables, bias, heads=2):
+  """Per-head outputs projected to d_model, weighted by kappa, a shared FFN, weighted by alpha, summed."""
+  def project(name):
+    return tf.einsum("bld,dhk->blhk", x if name == "q" else memory, variables["layer/" + name])
+  o = tf_attention(project("q"), project("k"), project("v"), bias)
+  o = tf.einsum("blhk,kd->blhd", o, variables["layer/o"])
+
+  def normalized(name):
+    z = tf.nn.relu(variables["layer/" + name])
+    return z / tf.reduce_sum(z + 1e-4)
+  o *= normalized("kappa")[:, None]
+  h = tf.nn.relu(tf.einsum("blhd,df->blhf", o, variables["layer/wi/kernel"]))
+  o = tf.einsum("blhf,fd->blhd", h, variables["layer/wo/kernel"]) * normalized("alpha")[:, None]
+  return tf.reduce_sum(o, axis=2)
+
+
+def test_branched_self_attention_weights_per_head_branches():
+  layer = transformer_layers.BranchedSelfAttention(num_heads=2, key_value_size=2)
+  layer.dense_layer.hidden_size = 4
+
+  def reference(x, variables):
+    return tf_branched(x, x, variables, causal_bias(LENGTH))
+  check_layer(_self_attention_build(layer), reference, [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE)],
+              "batch:2;model:2", "batch:batch;heads:model")
+
+
+def test_branched_enc_dec_attention_weights_per_head_branches():
+  layer = transformer_layers.BranchedEncDecAttention(num_heads=2, key_value_size=2)
+  layer.dense_layer.hidden_size = 4
+
+  def reference(x, encoder_output, encoder_ids, variables):
+    return tf_branched(x, encoder_output, variables, PADDING_BIAS)
+  check_layer(_enc_dec_build(layer), reference, ENC_DEC_INPUTS)
+
+
+def test_branched_attention_needs_one_key_value_head_per_branch():
+  with pytest.raises(ValueError, match="num_memory_heads to 0"):
+    transformer_layers.BranchedSelfAttention(num_heads=4, num_memory_heads=2)
+
+
+def test_transparent_attention_attends_over_a_learned_mix_of_encoder_layers():
+  layer = transformer_layers.TransparentEncDecAttention(
+      layers_per_encoder_module=2, layers_per_decoder_module=1, encoder_num_modules=2, decoder_num_modules=2,
+      num_heads=2, key_value_size=4)
+  encoder_layers = _randn(5, BATCH, ENCODER_LENGTH, D_MODEL)  # embedding output + 4 layer outputs
+
+  def build(x, encoder_outputs):
+    outputs = [mtf.rename_dimension(t, "memory_length", "length")
+               for t in mtf.unstack(encoder_outputs, encoder_outputs.shape.dims[0])]
+    context = make_context(x, model_stub(D_MODEL), encoder_layer_outputs=outputs)
+    context.layer_index = 1  # the second decoder module
+    return call_layer(layer, context, x)
+
+  def reference(x, encoder_outputs, variables):
+    mix = tf.nn.softmax(variables["layer/w"], axis=0)[:, 1]  # [3 candidates]
+    memory = tf.einsum("c,cbmd->bmd", mix, tf.gather(encoder_outputs, [0, 2, 4]))
+    return tf_multihead_attention(x, memory, variables, "layer", 2)
+  check_layer(build, reference, [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE),
+                                 (encoder_layers, "layers:5;batch:2;memory_length:4;d_model:8")])
+
+
+def test_synthesizer_mixes_learned_logit_table_with_dot_product_logits():
+  layer = transformer_layers.Synthesizer(num_heads=2, key_value_size=2, max_length=8)
+
+  def reference(x, variables):
+    q, k, v = [tf_project_heads(x, variables["layer/" + n], 2) for n in "qkv"]
+    alpha = variables["layer/alpha"]
+    table = variables["layer/random_synthesizer"][:LENGTH, :LENGTH]
+    logits = alpha * table + (1 - alpha) * tf.einsum("blhk,bmhk->bhlm", q, k) + causal_bias(LENGTH)
+    o = tf.einsum("bhlm,bmhk->blhk", tf.nn.softmax(logits), v)
+    return tf.einsum("blhk,hkd->bld", o, tf.reshape(variables["layer/o"], [2, 2, D_MODEL]))
+  check_layer(_self_attention_build(layer), reference, [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE)])
+
+
+def test_synthesizer_refuses_to_decode():
+  layer = transformer_layers.Synthesizer(num_heads=2, key_value_size=2, max_length=8)
+  with pytest.raises(ValueError, match="Synthesizer does not support 'first_part' decoding"):
+    lower_and_evaluate(lambda mesh: [
+        _self_attention_build(layer, mode="first_part")(mtf.zeros(mesh, X_SHAPE))])
+
+
+EXPERTS = dict(num_experts=1, hidden_size=4, group_size=16, capacity_factor_eval=2.0,
+               switch_policy_eval="argmax", num_heads=4, key_value_size=2)
+
+
+def test_experts_self_attention_projects_q_and_shared_kv_with_the_expert_layer():
+  # One expert takes every token with gate probability 1, so the layer is exact attention over
+  # q = relu(x wi) q_wo / sqrt(d_kv) and k = v = relu(x wi) k_wo.
+  layer = transformer_layers.ExpertsSelfAttention(**EXPERTS)
+  losses = []
+
+  def build(x):
+    model = model_stub(D_MODEL, layout="batch:batch", mesh_shape="batch:2")
+    return call_layer(layer, make_context(x, model, losses=losses), x)
+
+  def reference(x, variables):
+    h = tf.nn.relu(tf.einsum("bld,dh->blh", x, variables["layer/wi/kernel"][0]))
+    q = tf.reshape(tf.einsum("blh,he->ble", h, variables["layer/q_wo/kernel"][0]), [BATCH, LENGTH, 4, 2])
+    k = tf.reshape(tf.einsum("blh,he->ble", h, variables["layer/k_wo/kernel"][0]), [BATCH, LENGTH, 4, 2])
+    o = tf_attention(q * 2 ** -0.5, k, k, causal_bias(LENGTH))
+    return tf.einsum("blhk,hkd->bld", o, tf.reshape(variables["layer/o"], [4, 2, D_MODEL]))
+  check_layer(build, reference, [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE)], "batch:2", "batch:batch")
+  assert len(losses) == 1  # the load-balancing loss
+
