@@ -56,7 +56,7 @@ def attention(q, k, v, memory_length_dim, key_dim, value_dim, bias=None, dropout
   weights = mtf.cast(mtf.softmax(logits, memory_length_dim, extra_logit=extra_logit), v.dtype)
   weights = _dropout(weights, context, dropout_rate, dropout_broadcast_dims)
   outputs = mtf.einsum([weights, v], q.shape - key_dim + value_dim)
-  return mtf.reshape(outputs, orig_q_shape - key_dim + value_dim)
+  return _undo_2d_reshape(outputs, orig_q_shape - key_dim + value_dim)
 
 
 def hybrid_attention(q, k, v, context, memory_length_dim, key_dim, value_dim, bias=None,
@@ -213,6 +213,9 @@ def _mesh_axis(layout_rules, mesh_shape, dim) -> Optional[int]:
   return layout_rules.tensor_dimension_to_mesh_axis(dim, mesh_shape)
 
 
+_UNSPLIT_INNER = "_attention_2d_inner"
+
+
 def maybe_reshape_attention_input_for_2d_sharding(context, q, k, v, bias, unsplittable_dims):
   """Splits replicated attention work over an otherwise idle mesh dimension (2-D sharding).
 
@@ -249,15 +252,26 @@ def maybe_reshape_attention_input_for_2d_sharding(context, q, k, v, bias, unspli
     axis = _mesh_axis(layout_rules, mesh_shape, d)
     already = 1 if axis is None else mesh_shape.dims[axis].size
     if d.size % (idle_dim.size * already) == 0:
-      inner = mtf.Dimension(proxies[0], idle_dim.size)
       outer = mtf.Dimension(d.name, d.size // idle_dim.size)
+      # Two steps, so each reshape is a plain layout move: split off a replicated inner part,
+      # then rename it to the proxy name (which slices it over the idle mesh dimension).
+      unsplit_inner = mtf.Dimension(_UNSPLIT_INNER, idle_dim.size)
 
-      def split(t, d=d, outer=outer, inner=inner):
+      def split(t, d=d, outer=outer, unsplit_inner=unsplit_inner):
         if t is None or d not in t.shape.dims:
           return t
-        return mtf.replace_dimensions(t, d, [outer, inner])
+        t = mtf.replace_dimensions(t, d, [outer, unsplit_inner])
+        return mtf.rename_dimension(t, unsplit_inner.name, proxies[0])
       return split(q), split(k), split(v), split(bias)
   return q, k, v, bias
+
+
+def _undo_2d_reshape(x: mtf.Tensor, shape: mtf.Shape) -> mtf.Tensor:
+  """Inverse of the 2-D sharding reshape: gather the proxy dim back, then merge it into its dim."""
+  for d in x.shape.dims:
+    if d.name not in shape.dimension_names:
+      x = mtf.rename_dimension(x, d.name, _UNSPLIT_INNER)
+  return x if x.shape == shape else mtf.reshape(x, shape)
 
 
 def _combined_dim(dims: Sequence[mtf.Dimension]) -> mtf.Dimension:
