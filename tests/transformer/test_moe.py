@@ -361,3 +361,31 @@ def test_split_into_groups_makes_groups_a_multiple_of_the_mesh_split():
   assert moe._split_into_groups(48, 10, 8) == (8, 6)
   with pytest.raises(ValueError, match="mesh_dim_size=4"):
     moe._split_into_groups(6, 2, 4)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_greedy_decoding_through_moe_agrees_with_full_forward_passes(mode):
+  """first_part + incremental steps (MoE on one position per step) pick each position's argmax
+  of a full forward pass over the decoded sequence."""
+  from mesh_tensorflow.transformer import transformer_layers  # noqa: PLC0415 (only this test needs it)
+  layers = [transformer_layers.SelfAttention(num_heads=2, key_value_size=2),
+            moe.MoE1D(num_experts=NUM_EXPERTS, hidden_size=HIDDEN, group_size=4, capacity_factor_eval=4.0,
+                      second_policy_eval="all")]
+  for i, layer in enumerate(layers):
+    layer.set_name("layer_%03d" % i)
+  model = transformer.Unitransformer(
+      layer_stack=transformer.LayerStack(layers), d_model=D_MODEL, input_vocab_size=8, output_vocab_size=8,
+      autoregressive=True, max_length=LENGTH, vocab_divisor=8)
+
+  def build(mesh):
+    partial = mtf.zeros(mesh, mtf.Shape([mtf.Dimension("batch", BATCH), mtf.Dimension("length", LENGTH)]),
+                        tf.int32)
+    decoded = model.sample_autoregressive(partial, stop_at_token=None, temperature=0.0, variable_dtype=VDTYPE,
+                                          has_partial_sequences=False)
+    logits, _ = model.call_simple(transformer.autoregressive_inputs(decoded), None, False, mode="eval",
+                                  variable_dtype=VDTYPE)
+    return [decoded, mtf.argmax(logits, logits.shape.dims[-1])]
+
+  decoded, argmax = lower_and_evaluate(build, mode=mode)
+  np.testing.assert_array_equal(decoded, argmax)
+  assert len(np.unique(decoded)) > 1
