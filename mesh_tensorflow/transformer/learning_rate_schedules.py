@@ -17,6 +17,8 @@ from typing import Callable, Sequence, Union
 import gin
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow import optimize
+
 Step = Union[int, float, tf.Tensor]
 
 
@@ -34,11 +36,11 @@ def _steps(steps_or_fraction: float, total_train_steps: int) -> float:
 @gin.configurable
 def product_learning_rate(step: Step, total_train_steps: int,
                           factors: Sequence[Callable] = gin.REQUIRED, offset: int = 0):
-  """The product of `factors`, each called as factor(step - offset, total_train_steps - offset)."""
-  ret = 1.0
-  for factor in factors:
-    ret *= factor(step - offset, total_train_steps - offset)
-  return ret
+  """The product of `factors`, each called as factor(step - offset, total_train_steps - offset).
+
+  The same as mtf.optimize.product_learning_rate, gin-configurable under this module's name too.
+  """
+  return optimize.product_learning_rate(step, total_train_steps, factors=factors, offset=offset)
 
 
 @gin.configurable
