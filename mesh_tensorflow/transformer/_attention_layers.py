@@ -397,7 +397,8 @@ class LocalSelfAttention(SelfAttention):
           q=q, k=kv_list[0], v=kv_list[-1], length_dim=context.length_dim,
           key_dim=self.kv_dim, value_dim=self.kv_dim,
           fully_autoregressive=context.model.fully_autoregressive, radius=self.radius,
-          sequence_id=context.sequence_id, write_priority=context.write_priority,
+          sequence_id=1 if context.sequence_id is None else context.sequence_id,
+          write_priority=context.write_priority,
           read_priority=context.read_priority, attention_kwargs=kwargs)
     if context.mode == "first_part":
       context.record_new_states([self._recent_window(context, t) for t in kv_list])

@@ -18,7 +18,8 @@ from mesh_tensorflow.transformer import transformer_layers
 from tests.harness import lower_and_evaluate
 from tests.layers.layer_check import check_layer
 from tests.transformer.layer_context import (
-    call_layer, causal_bias, make_context, model_stub, segment_bias, tf_multihead_attention)
+    call_layer, causal_bias, make_context, model_stub, segment_bias, tf_multihead_attention, tf_project_heads,
+    visibility_bias)
 
 RNG = np.random.RandomState(0)
 BATCH, LENGTH, D_MODEL = 2, 6, 8
@@ -305,3 +306,79 @@ def test_layers_are_gin_configurable_by_short_and_full_module_name():
   finally:
     gin.clear_config()
 
+
+
+def _local_bias(length: int, radius: int, fully_autoregressive: bool) -> np.ndarray:
+  """[length, memory_length]: memory within radius - 1 to the left (and radius to the right if not causal)."""
+  relative = np.arange(length)[None, :] - np.arange(length)[:, None]
+  visible = (relative > -radius) & (relative <= (0 if fully_autoregressive else radius))
+  return visibility_bias(visible)
+
+
+@pytest.mark.parametrize("length,fully_autoregressive,mesh_shape,layout", [
+    (LENGTH, True, "batch:2;model:4", "batch:batch;heads:model"),  # masked full attention
+    (LENGTH, False, "all:1", ""),
+    (264, True, "batch:2", "batch:batch"),  # long: blocked attention.local_attention_1d
+])
+def test_local_self_attention_sees_only_a_window_of_radius(length, fully_autoregressive, mesh_shape, layout):
+  radius = 3
+  layer = transformer_layers.LocalSelfAttention(radius=radius, num_heads=HEADS, key_value_size=D_KV)
+
+  def build(x):
+    model = model_stub(D_MODEL, fully_autoregressive=fully_autoregressive)
+    return call_layer(layer, make_context(x, model, causal=fully_autoregressive), x)
+
+  def reference(x, variables):
+    bias = _local_bias(length, radius, fully_autoregressive)
+    return tf_multihead_attention(x, x, variables, "layer", HEADS, bias)
+  x = RNG.randn(BATCH, length, D_MODEL).astype(np.float32)
+  check_layer(build, reference, [(x, "batch:2;length:%d;d_model:8" % length)], mesh_shape, layout)
+
+
+def test_hybrid_attention_func_mixes_softmax_and_doubly_normalized_weights():
+  layer = transformer_layers.SelfAttention(num_heads=2, key_value_size=D_KV, attention_func="hybrid")
+
+  def build(x):
+    return call_layer(layer, make_context(x, model_stub(D_MODEL)), x)
+
+  def reference(x, variables):
+    q, k, v = [tf_project_heads(x, variables["layer/" + n], 2) for n in "qkv"]
+    logits = tf.einsum("blhk,bmhk->bhlm", q, k) + causal_bias(LENGTH)
+    coeff = tf.clip_by_value(variables["layer/doubly_coeff"], 0.0, 1.0)
+    doubly = tf.nn.softmax(tf.nn.log_softmax(logits, axis=2), axis=3)
+    weights = coeff * doubly + (1.0 - coeff) * tf.nn.softmax(logits, axis=3)
+    o = tf.einsum("bhlm,bmhk->blhk", weights, v)
+    return tf.einsum("blhk,hkd->bld", o, tf.reshape(variables["layer/o"], [2, D_KV, D_MODEL]))
+  check_layer(build, reference, [(_x(), X_SHAPE)])
+
+
+def test_enc_dec_attention_relative_bias_is_indexed_by_span_position():
+  # vocab 10, sentinels 8 and 9; encoder positions (see relative_position_spans) 0 0 1 2 2,
+  # decoder positions 1 1 1 3 3 3.
+  encoder_inputs = np.array([[3, 4, 9, 5, 6], [3, 9, 4, 8, 5]], np.int32)
+  decoder_inputs = np.array([[9, 7, 7, 8, 2, 2], [9, 7, 8, 2, 0, 0]], np.int32)
+  layer = transformer_layers.EncDecAttention(num_heads=HEADS, key_value_size=D_KV,
+                                             relative_attention_type="bias", relative_attention_num_buckets=8)
+
+  def positions(ids, decoder):
+    count = 2 * np.cumsum(ids >= 8, axis=1)
+    return count - 1 if decoder else count - (ids >= 8)
+  relative = positions(encoder_inputs, False)[:, None, :] - positions(decoder_inputs, True)[:, :, None]
+  buckets = _np_bucket(relative, bidirectional=True, num_buckets=8)  # [b, l, m]
+
+  def build(x, encoder_output, inputs, encoder_inputs):
+    model = model_stub(D_MODEL, output_vocab_size=10)
+    context = make_context(x, model, encoder_output=encoder_output, inputs=inputs,
+                           encoder_inputs=encoder_inputs)
+    return call_layer(layer, context, x)
+
+  def reference(x, encoder_output, inputs, encoder_inputs_t, variables):
+    bias = tf.transpose(tf.gather(variables["layer/relative_attention_bias"], buckets, axis=1), [1, 0, 2, 3])
+    return tf_multihead_attention(x, encoder_output, variables, "layer", HEADS, bias)
+  inputs = [(_x(), X_SHAPE), (RNG.randn(BATCH, 5, D_MODEL).astype(np.float32), ENCODER_SHAPE),
+            (decoder_inputs, "batch:2;length:6"), (encoder_inputs, "batch:2;memory_length:5")]
+  gin.bind_parameter("transformer_layers.relative_position_spans.num_sentinels", 2)  # as a gin file would
+  try:
+    check_layer(build, reference, inputs, "batch:2;model:4", "batch:batch;heads:model")
+  finally:
+    gin.clear_config()
