@@ -459,7 +459,7 @@ class ExpertsAttentionParams(AttentionParams):
         switch_dropout=hp.switch_dropout, switch_temperature=hp.switch_temperature,
         switch_jitter=hp.switch_jitter, ntlb_top_k=hp.ntlb_top_k, hidden_size=hp.hidden_size,
         output_dim=mtf.Dimension("d_model", self.q_shape[-1].size),
-        use_experts_attention=hp.use_experts_attention, activation=hp.activation, z_loss=hp.z_loss)
+        use_experts_attention=expert_computation == "qkv", activation=hp.activation, z_loss=hp.z_loss)
 
   def _rename_to_heads(self, t):
     last = t.shape.dims[-1]

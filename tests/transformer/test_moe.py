@@ -7,7 +7,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import moe, transformer
+from mesh_tensorflow.transformer import moe, transformer, transformer_layers
 from tests.harness import MODES, lower_and_evaluate
 from tests.layers.layer_check import check_layer, run_layer
 
@@ -367,7 +367,6 @@ def test_split_into_groups_makes_groups_a_multiple_of_the_mesh_split():
 def test_greedy_decoding_through_moe_agrees_with_full_forward_passes(mode):
   """first_part + incremental steps (MoE on one position per step) pick each position's argmax
   of a full forward pass over the decoded sequence."""
-  from mesh_tensorflow.transformer import transformer_layers  # noqa: PLC0415 (only this test needs it)
   layers = [transformer_layers.SelfAttention(num_heads=2, key_value_size=2),
             moe.MoE1D(num_experts=NUM_EXPERTS, hidden_size=HIDDEN, group_size=4, capacity_factor_eval=4.0,
                       second_policy_eval="all")]
@@ -389,3 +388,28 @@ def test_greedy_decoding_through_moe_agrees_with_full_forward_passes(mode):
   decoded, argmax = lower_and_evaluate(build, mode=mode)
   np.testing.assert_array_equal(decoded, argmax)
   assert len(np.unique(decoded)) > 1
+
+
+def test_experts_enc_dec_attention_gets_a_single_moe_query_projection():
+  """ExpertsEncDecAttention computes only q with experts (k=v from the encoder: variable `kv`)."""
+  layer = transformer_layers.ExpertsEncDecAttention(num_heads=2, key_value_size=2, num_experts=2,
+                                                    hidden_size=8, group_size=4)
+  layer.set_name("layer_000")
+  model = transformer.Unitransformer(layer_stack=transformer.LayerStack([layer]), d_model=D_MODEL,
+                                     input_vocab_size=8, output_vocab_size=8, autoregressive=True,
+                                     max_length=LENGTH, vocab_divisor=8)
+  memory = RNG.randn(BATCH, LENGTH, D_MODEL).astype(np.float32)
+
+  def build(mesh):
+    ids = mtf.import_tf_tensor(mesh, tf.constant(np.ones((BATCH, LENGTH), np.int32)), "batch:4;length:4")
+    encoder_output = mtf.import_tf_tensor(mesh, tf.constant(memory), "batch:4;memory_length:4;d_model:4")
+    logits, loss = model.call_simple(ids, ids, True, mode="eval", variable_dtype=VDTYPE,
+                                     encoder_output=encoder_output,
+                                     encoder_sequence_id=mtf.ones(mesh, "batch:4;memory_length:4", tf.int32))
+    names = {v.name.split("ExpertsEncDecAttention/")[-1] for v in mesh.graph.all_variables
+             if "ExpertsEncDecAttention" in v.name}
+    assert names == {"kv", "o", "switch_gating/kernel", "wi/kernel", "wo/kernel"}
+    return [logits, loss]
+
+  logits, loss = lower_and_evaluate(build)
+  assert np.isfinite(logits).all() and np.isfinite(loss)
