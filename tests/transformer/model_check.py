@@ -1,9 +1,4 @@
-"""Transformer-test helpers: tiny test-local layers, tiny models, and a training loop on a mesh.
-
-The layers are minimal but complete: ToySelfAttention masks by the context's read/write
-priorities and sequence ids and records key/value states in "first_part"/"incremental" modes
-the way decoding expects, so stacks, models and decoding can be tested on their own.
-"""
+"""Transformer-test helpers: tiny models from transformer_layers, ids import, a training loop on a mesh."""
 
 from __future__ import annotations
 
@@ -13,7 +8,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import attention, transformer
+from mesh_tensorflow.transformer import transformer, transformer_layers
 from tests.harness import cpu_devices, session_config
 
 HEADS, D_KV, D_FF = 4, 4, 16
@@ -22,71 +17,14 @@ MESH_2X4 = "rows:2;cols:4"
 LAYOUT_2X4 = "batch:rows;heads:cols;d_ff:cols;vocab:cols"
 
 
-def _visibility_bias(visible, context):
-  return attention.visibility_mask_to_attention_bias(visible, context.activation_dtype)
-
-
-class ToySelfAttention(transformer.TransformerLayer):
-  """Multi-head self-attention with q/k/v/o from attention.attention_params_simple."""
-
-  def call(self, context, x):
-    heads, kv = mtf.Dimension("heads", HEADS), mtf.Dimension("d_kv", D_KV)
-    params = attention.attention_params_simple(context.mesh, context.model.model_dim, kv, heads,
-                                               context.variable_dtype)
-    memory_length = mtf.Dimension("memory_length", context.length_dim.size)
-    q, k, v = params.compute_q(x), params.compute_k(x), params.compute_v(x)
-    if context.mode == "incremental":
-      one_hot = mtf.one_hot(context.position, memory_length, dtype=x.dtype)
-      k, v = [old * (1. - one_hot) + new * one_hot for old, new in zip(context.get_states(2), [k, v])]
-      memory_position = mtf.range(context.mesh, memory_length, tf.int32)
-    else:
-      k, v = [mtf.rename_dimension(t, "length", "memory_length") for t in (k, v)]
-      memory_position = mtf.rename_dimension(context.position, "length", "memory_length")
-    if context.mode in ("incremental", "first_part"):
-      context.record_new_states([k, v])
-    bias = None
-    if context.read_priority is not None:
-      write = (memory_position if context.mode == "incremental"
-               else mtf.rename_dimension(context.write_priority, "length", "memory_length"))
-      bias = _visibility_bias(mtf.greater_equal(context.read_priority, write), context)
-    if isinstance(context.sequence_id, mtf.Tensor):
-      memory_id = mtf.rename_dimension(context.sequence_id, "length", "memory_length")
-      same = mtf.equal(context.sequence_id, memory_id)
-      bias = _visibility_bias(same, context) if bias is None else bias + _visibility_bias(same, context)
-    o = attention.attention(q, k, v, memory_length, kv, kv, bias=bias, context=context)
-    return params.compute_output(o, x.shape)
-
-
-class ToyEncDecAttention(transformer.TransformerLayer):
-  """Attention of the decoder to context.encoder_output, masked by encoder_sequence_id."""
-
-  def call(self, context, x):
-    heads, kv = mtf.Dimension("heads", HEADS), mtf.Dimension("d_kv", D_KV)
-    params = attention.attention_params_simple(context.mesh, context.model.model_dim, kv, heads,
-                                               context.variable_dtype)
-    memory = context.encoder_output
-    bias = None
-    if isinstance(context.encoder_sequence_id, mtf.Tensor):
-      bias = _visibility_bias(mtf.not_equal(context.encoder_sequence_id, 0), context)
-    o = attention.attention(params.compute_q(x), params.compute_k(memory), params.compute_v(memory),
-                            context.encoder_length_dim, kv, kv, bias=bias, context=context)
-    return params.compute_output(o, x.shape)
-
-
-class ToyFeedForward(transformer.TransformerLayer):
-  """relu(x wi) wo with a d_ff hidden dimension."""
-
-  def call(self, context, x):
-    d_ff = mtf.Dimension("d_ff", D_FF)
-    h = mtf.layers.dense(x, d_ff, reduced_dims=x.shape.dims[-1:], activation=mtf.relu, use_bias=False,
-                         variable_dtype=context.variable_dtype, name="wi")
-    return mtf.layers.dense(h, x.shape.dims[-1], reduced_dims=[d_ff], use_bias=False,
-                            variable_dtype=context.variable_dtype, name="wo")
+SELF_ATTENTION = (transformer_layers.SelfAttention, {"num_heads": HEADS, "key_value_size": D_KV})
+ENC_DEC_ATTENTION = (transformer_layers.EncDecAttention, {"num_heads": HEADS, "key_value_size": D_KV})
+FEED_FORWARD = (transformer_layers.DenseReluDense, {"hidden_size": D_FF})
 
 
 def lm(vocab=12, max_length=8, num_layers=2, d_model=8, **kwargs) -> transformer.Unitransformer:
   """A tiny autoregressive Unitransformer (no dropout)."""
-  stack = transformer.make_layer_stack([ToySelfAttention, ToyFeedForward], num_layers=num_layers)
+  stack = transformer.make_layer_stack([SELF_ATTENTION, FEED_FORWARD], num_layers=num_layers)
   return transformer.Unitransformer(layer_stack=stack, d_model=d_model, input_vocab_size=vocab,
                                     output_vocab_size=vocab, autoregressive=True, max_length=max_length,
                                     vocab_divisor=4, **kwargs)
@@ -94,11 +32,11 @@ def lm(vocab=12, max_length=8, num_layers=2, d_model=8, **kwargs) -> transformer
 
 def bitransformer(vocab=12, max_length=8, d_model=8, **kwargs) -> transformer.Bitransformer:
   encoder = transformer.Unitransformer(
-      layer_stack=transformer.make_layer_stack([ToySelfAttention, ToyFeedForward], num_layers=1),
+      layer_stack=transformer.make_layer_stack([SELF_ATTENTION, FEED_FORWARD], num_layers=1),
       d_model=d_model, input_vocab_size=vocab, output_vocab_size=None, autoregressive=False,
       max_length=max_length, vocab_divisor=4, name="encoder")
   decoder = transformer.Unitransformer(
-      layer_stack=transformer.make_layer_stack([ToySelfAttention, ToyEncDecAttention, ToyFeedForward],
+      layer_stack=transformer.make_layer_stack([SELF_ATTENTION, ENC_DEC_ATTENTION, FEED_FORWARD],
                                                num_layers=1),
       d_model=d_model, input_vocab_size=vocab, output_vocab_size=vocab, autoregressive=True,
       max_length=max_length, vocab_divisor=4, name="decoder")

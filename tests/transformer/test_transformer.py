@@ -11,16 +11,10 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import transformer
+from mesh_tensorflow.transformer import transformer, transformer_layers
 from tests.harness import assert_allclose, lower_and_evaluate
 from tests.transformer import model_check
-from tests.transformer.model_check import (
-    LAYOUT_2X4,
-    MESH_2X4,
-    ToyFeedForward,
-    ToySelfAttention,
-    import_ids,
-)
+from tests.transformer.model_check import LAYOUT_2X4, MESH_2X4, import_ids
 
 BATCH, LENGTH, VOCAB = 4, 8, 12
 F32 = mtf.VariableDType(tf.float32)
@@ -83,13 +77,14 @@ def test_context_nonpadding_position_and_encoder_length():
 # ---- make_layer_stack and LayerStack ----
 
 def test_make_layer_stack_names_layers_by_block_and_entry():
-  stack = transformer.make_layer_stack(
-      [ToySelfAttention, (ToyFeedForward, "ffn"), [ToyFeedForward, {}]], num_layers=2)
+  attention, ffn = transformer_layers.SelfAttention, transformer_layers.DenseReluDense
+  stack = transformer.make_layer_stack([attention, (ffn, "ffn"), [ffn, {"hidden_size": 8}]], num_layers=2)
   assert [layer.name for layer in stack.layers] == [
       "block_000/layer_000", "block_000/ffn", "block_000/layer_002",
       "block_001/layer_000", "block_001/ffn", "block_001/layer_002"]
   assert stack.num_layers == 6 and isinstance(stack, transformer.LayerStack)
-  flat = transformer.make_layer_stack([ToySelfAttention, ToyFeedForward], num_layers=2, block_scope=False)
+  assert stack.layers[2].hidden_size == 8 and stack.layers[1].hidden_size == 4096
+  flat = transformer.make_layer_stack([attention, ffn], num_layers=2, block_scope=False)
   assert [layer.name for layer in flat.layers] == ["layer_000", "layer_001", "layer_002", "layer_003"]
 
 
@@ -484,15 +479,13 @@ def test_student_teacher_mixes_soft_and_hard_losses_and_freezes_the_teacher():
 def test_gin_builds_a_bitransformer_with_scoped_layer_lists():
   config = """
     transformer.make_layer_stack.num_layers = 1
-    encoder/transformer.make_layer_stack.layers = [@model_check.ToySelfAttention]
-    decoder/transformer.make_layer_stack.layers = [@model_check.ToySelfAttention,
-                                                   @model_check.ToyEncDecAttention]
+    encoder/transformer.make_layer_stack.layers = [@transformer_layers.SelfAttention]
+    decoder/transformer.make_layer_stack.layers = [@transformer_layers.SelfAttention,
+                                                   @transformer_layers.EncDecAttention]
     transformer.Unitransformer.d_model = 8
     transformer.Unitransformer.max_length = 8
     decoder/transformer.Unitransformer.label_smoothing = 0.1
   """
-  for cls in (model_check.ToySelfAttention, model_check.ToyEncDecAttention):
-    gin.external_configurable(cls, module="model_check")
   with gin.unlock_config():
     gin.clear_config()
     gin.parse_config(config)
@@ -501,7 +494,7 @@ def test_gin_builds_a_bitransformer_with_scoped_layer_lists():
     finally:
       gin.clear_config()
   assert [type(layer).__name__ for layer in model.decoder.layer_stack.layers] == [
-      "ToySelfAttention", "ToyEncDecAttention"]
+      "SelfAttention", "EncDecAttention"]
   assert model.encoder.layer_stack.num_layers == 1 and model.encoder.output_vocab_dim is None
   assert model.decoder.label_smoothing == 0.1 and model.encoder.label_smoothing == 0.0
   assert (model.encoder.name, model.decoder.name) == ("encoder", "decoder")
