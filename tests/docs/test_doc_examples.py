@@ -4,7 +4,7 @@ Each Python block runs as a program of its own in a fresh interpreter, so it mus
 needs (graph or eager mode, virtual devices, imports) as the page says. A block preceded by
 `<!-- fragment -->` is an excerpt and is skipped; at most MAX_FRAGMENT_SHARE of the blocks may be.
 Command lines (in sh/bash/console blocks, or after a `$ ` prompt) that run a repository script
-with Python are run with SHORT_SETTINGS appended; commands that install things are only checked
+or module with Python are run with SHORT_SETTINGS appended; commands that install things are only checked
 to name existing scripts. New pages under docs/ are picked up automatically.
 """
 
@@ -28,7 +28,8 @@ SHELL_LANGUAGES = ("sh", "bash", "shell", "console")
 PYTHONS = ("python", "python3", ".venv/bin/python")
 TIMEOUT_S = 300
 
-# Arguments appended to a documented command so that it runs in a few seconds (argparse: last wins).
+# Arguments appended to a documented command (by script path, or module name for `python -m`) so
+# that it runs in a few seconds (argparse and absl flags: the last value wins).
 SHORT_SETTINGS = {
     "examples/classifier.py": ["--steps", "5"],
     "examples/spatial_conv.py": ["--steps", "2"],
@@ -135,8 +136,11 @@ def test_command_runs(block, argv):
     return
   assert argv[0] in PYTHONS and len(argv) > 1, (
       f"{block.where}: don't know how to run {argv}; make it `python <script>` or add it to NOT_RUN")
-  script = argv[1]
-  assert (ROOT / script).is_file(), f"{block.where}: {script} does not exist"
+  if argv[1] == "-m":   # python -m package.module ...: SHORT_SETTINGS are keyed by the module name
+    script = argv[2]
+  else:
+    script = argv[1]
+    assert (ROOT / script).is_file(), f"{block.where}: {script} does not exist"
   run([sys.executable] + argv[1:] + SHORT_SETTINGS.get(script, []), cwd=ROOT)
 
 
