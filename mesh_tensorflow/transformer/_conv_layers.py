@@ -69,8 +69,10 @@ class Conv1D(transformer.TransformerLayer):
 class Conv1DLayer(Conv1D):
   """Causal convolution: output t sees inputs t-filter_size+1..t (zero-padded on the left).
 
-  Variable `conv1d/kernel` [1, filter_size, d_model, output_size] (glorot-uniform). Packed
-  sequences are not separated: information may cross example boundaries.
+  Variable `conv2d/kernel` [1, filter_size, d_model, output_size] (glorot-uniform; float32
+  master, x's dtype in the computation). Packed sequences are not separated: information may
+  cross example boundaries. Reads only context.mode, length_dim, initial_position,
+  activation_dtype and the states, so a stand-in context works.
   """
 
   def __init__(self, filter_size: int, output_size: int, activation: str = "linear"):
@@ -89,8 +91,7 @@ class Conv1DLayer(Conv1D):
     channels = x.shape.dims[-1]
     x = mtf.rename_dimension(x, channels.name, "_" + channels.name)  # the kernel holds in and out channels
     y = mtf.layers.conv1d(x, output_dim=output_dim, filter_size=self.filter_size, padding="VALID",
-                          filter_initializer=tf.glorot_uniform_initializer(),
-                          variable_dtype=context.variable_dtype)
+                          filter_initializer=tf.glorot_uniform_initializer())
     if context.mode == "incremental":
       y = mtf.reshape(y, y.shape - [y.shape.dims[-2]])  # the one output position of the window
     return _apply_activation(y, self.activation)

@@ -163,3 +163,30 @@ def test_update_state_and_incremental_mode_shift_the_window_and_append_x():
   updated, incremental = lower_and_evaluate(build)
   np.testing.assert_allclose(updated, expected)
   np.testing.assert_allclose(incremental, expected)
+
+
+@pytest.mark.parametrize("make_layer", [
+    lambda: transformer_layers.Conv1DLayer(filter_size=2, output_size=D_MODEL),
+    lambda: transformer_layers.SeparableConv1DLayer(min_relative_pos=-1, max_relative_pos=0,
+                                                    output_size=D_MODEL),
+], ids=["conv1d", "separable"])
+def test_conv_layers_run_with_a_stand_in_context_in_full_and_incremental_modes(make_layer):
+  layer, x, t = make_layer(), _x(), 3
+
+  def build(mesh):
+    xt = mtf.import_tf_tensor(mesh, tf.constant(x), shape=X_SHAPE)
+    length_dim = xt.shape.dims[1]
+    full_context = mock.MagicMock(mode="train", length_dim=length_dim)
+    with tf.variable_scope("layer"):
+      full = layer.call(full_context, xt)
+    state = mtf.import_tf_tensor(mesh, tf.constant(x[:, t - 2:t]),
+                                 shape="batch:2;length_filter_width:2;d_model:4")
+    step_context = mock.MagicMock(mode="incremental", length_dim=length_dim, activation_dtype=tf.float32)
+    step_context.get_states.return_value = [state]
+    with tf.variable_scope("layer"):
+      step = layer.call(step_context, mtf.gather(xt, t, length_dim))
+    new_state, = step_context.record_new_states.call_args[0][0]
+    return [full, step, new_state]
+  full, step, new_state = lower_and_evaluate(build)
+  np.testing.assert_allclose(step, full[:, t], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(new_state, x[:, t - 1:t + 1])
