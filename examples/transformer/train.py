@@ -34,7 +34,8 @@ from mesh_tensorflow.transformer import utils  # noqa: E402
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib  # noqa: E402
 from mesh_tensorflow.transformer._train import inputs, progress  # noqa: E402
 from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir  # noqa: E402
-from mesh_tensorflow.transformer.main import configure_logging, configure_virtual_cpus  # noqa: E402
+from mesh_tensorflow.transformer.main import (  # noqa: E402
+    configure_logging, configure_virtual_cpus, resolve_gin_files)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TASK_GIN = {"lm": "lm_pydoc.gin", "reverse": "reverse.gin"}
@@ -62,10 +63,10 @@ def configure_gin(args) -> None:
   params = list(args.gin_param)
   if args.train_steps is not None:
     params.append(f"utils.run.train_steps = {args.train_steps}")
-  layout = args.layout if os.path.exists(args.layout) else os.path.join(packaged_gin_dir(), args.layout)
-  task_gin = os.path.join(HERE, "gin", TASK_GIN[args.task])
-  flag_argv = ["train", f"--gin_file={task_gin}", f"--gin_file={layout}"]
-  flag_argv += [f"--gin_file={f}" for f in args.gin_file] + [f"--gin_param={p}" for p in params]
+  search_path = args.gin_location_prefix + [packaged_gin_dir()]
+  gin_files = resolve_gin_files([os.path.join(HERE, "gin", TASK_GIN[args.task]), args.layout] + args.gin_file,
+                                search_path)
+  flag_argv = ["train"] + [f"--gin_file={f}" for f in gin_files] + [f"--gin_param={p}" for p in params]
   flag_argv += [f"--gin_location_prefix={p}" for p in args.gin_location_prefix]
   utils.FLAGS(flag_argv, known_only=True)
   utils.parse_gin_defaults_and_flags()

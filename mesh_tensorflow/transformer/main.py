@@ -68,13 +68,22 @@ def write_command_line(model_dir: str, argv) -> str:
   return path
 
 
-def check_gin_files(gin_files, search_path) -> None:
-  """A clear error for a --gin_file found neither as given nor under the gin search path."""
+def resolve_gin_files(gin_files, search_path) -> list:
+  """Each --gin_file as an existing path: as given, else under the first search-path directory
+  holding it. A name found nowhere is a UsageError naming the places searched."""
+  resolved = []
   for name in gin_files or []:
     candidates = [name] + [os.path.join(d, name) for d in search_path]
-    if not any(os.path.exists(c) for c in candidates):
+    found = [c for c in candidates if os.path.exists(c)]
+    if not found:
       raise app.UsageError(f"--gin_file={name}: no such file (looked in the current directory and in "
                            f"{', '.join(search_path)}); check the name or add --gin_location_prefix=DIR.")
+    resolved.append(os.path.abspath(found[0]))
+  return resolved
+
+
+def gin_search_path() -> list:
+  return list(FLAGS.gin_location_prefix or []) + [packaged_gin_dir()]
 
 
 def main(argv) -> None:
@@ -82,7 +91,7 @@ def main(argv) -> None:
   configure_virtual_cpus(FLAGS.num_cpu_devices)
   for module in FLAGS.module_import or []:
     importlib.import_module(module)
-  check_gin_files(FLAGS.gin_file, list(FLAGS.gin_location_prefix or []) + [packaged_gin_dir()])
+  FLAGS.gin_file = resolve_gin_files(FLAGS.gin_file, gin_search_path())
   write_command_line(FLAGS.model_dir, argv)
   utils.parse_gin_defaults_and_flags()
   utils.run(tpu_job_name=FLAGS.tpu_job_name, tpu=FLAGS.tpu, gcp_project=FLAGS.gcp_project,

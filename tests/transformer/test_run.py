@@ -9,10 +9,12 @@ import gin
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
+from absl import app
 
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer._train import checkpoints, progress
-from mesh_tensorflow.transformer.main import check_gin_files
+from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
+from mesh_tensorflow.transformer.main import resolve_gin_files
 from tests.transformer import tiny_run
 
 
@@ -117,7 +119,8 @@ def test_bad_configurations_fail_before_any_training_step(tmp_path, corpus, bind
 
 
 def test_a_missing_gin_file_is_named_with_the_places_searched(tmp_path):
-  from absl import app
-  with pytest.raises(app.UsageError, match=r"--gin_file=models/nope.gin: no such file .*searched|looked in"):
-    check_gin_files(["models/nope.gin"], [str(tmp_path)])
-  check_gin_files(["layouts/single.gin"], [os.path.join(os.path.dirname(utils.__file__), "gin")])
+  with pytest.raises(app.UsageError, match=r"--gin_file=models/nope.gin: no such file \(looked in the "
+                                           r"current directory and in .*\); .*--gin_location_prefix"):
+    resolve_gin_files(["models/nope.gin"], [str(tmp_path), packaged_gin_dir()])
+  assert resolve_gin_files(["layouts/single.gin"], [str(tmp_path), packaged_gin_dir()]) == [
+      os.path.join(packaged_gin_dir(), "layouts", "single.gin")]

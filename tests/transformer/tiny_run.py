@@ -8,6 +8,7 @@ import sys
 import gin
 
 from mesh_tensorflow.transformer import utils
+from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE_GIN = os.path.join(ROOT, "examples", "transformer", "gin", "lm_pydoc.gin")
@@ -39,7 +40,8 @@ def write_corpus(directory: str) -> str:
 
 def tiny_bindings(corpus_glob: str, layout: str = "layouts/cpu8_dp_mp.gin") -> tuple:
   """(gin files, gin bindings) of the tiny model on the corpus under a packaged layout."""
-  return [EXAMPLE_GIN, layout], TINY + [f"data.text_lm_dataset.text_files = '{corpus_glob}'"]
+  files = [EXAMPLE_GIN, os.path.join(packaged_gin_dir(), layout)]
+  return files, TINY + [f"data.text_lm_dataset.text_files = '{corpus_glob}'"]
 
 
 def configure_gin(corpus_glob: str, extra_bindings=(), layout: str = "layouts/cpu8_dp_mp.gin") -> None:
