@@ -56,6 +56,14 @@ def test_attention_matches_tf_with_bias_and_extra_logit_under_every_layout(mesh_
       mesh_shape, layout, rtol=1e-4, atol=1e-5)
 
 
+def test_attention_matches_tf_in_eager_mode():
+  q, k, v = _qkv(9)
+  assert_op_matches_tf(
+      lambda q, k, v: attention.attention(q, k, v, MEMORY, KEY, VALUE), _reference,
+      [(q, "batch:4;length:4;heads:4;d_k:2"), (k, "batch:4;memory_length:4;heads:4;d_k:2"),
+       (v, "batch:4;memory_length:4;heads:4;d_v:3")], "all:4", "heads:all", mode="eager", rtol=1e-4)
+
+
 def _attention_output(context, dropout_rate):
   q, k, v = _qkv(1)
 

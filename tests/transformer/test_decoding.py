@@ -1,5 +1,5 @@
 """Decoding: "first_part" + "incremental" steps reproduce a full forward pass; greedy sampling, top-1
-sampling and one-beam beam search agree and are greedy; prompts, never_end and encoder-decoder decoding."""
+sampling and one-beam beam search agree and are greedy; prompts, max_steps, never_end, encoder-decoder."""
 
 from __future__ import annotations
 
@@ -116,8 +116,10 @@ def test_prompt_is_kept_and_can_be_removed_and_never_end_forbids_eos():
     continued = model.sample_autoregressive(partial, never_end=True)
     with _reusing_variables():
       removed = model.sample_autoregressive(partial, never_end=True, remove_partial_sequences=True)
-    return [continued, removed, _greedy_argmax(model, mesh, continued)]
-  continued, removed, argmax = lower_and_evaluate(build)
+      one_step = model.sample_autoregressive(partial, never_end=True, max_steps=1)
+    return [continued, removed, one_step, _greedy_argmax(model, mesh, continued)]
+  continued, removed, one_step, argmax = lower_and_evaluate(build)
+  np.testing.assert_array_equal(one_step, np.where(np.arange(LENGTH) <= [[2], [3]], continued, 0))
   np.testing.assert_array_equal(continued[0, :2], [5, 6])
   np.testing.assert_array_equal(continued[1, :3], [7, 8, 9])
   assert (continued != 1).all() and (continued[0, 2:] > 0).all()

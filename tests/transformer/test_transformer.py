@@ -180,14 +180,15 @@ def test_layer_stack_legacy_mode_uses_its_own_scopes_and_epsilon():
   assert holder["names"] == ["a/layer_norm/scale", "final_layer_norm/scale"]
 
 
-def _sublayer_output(sublayer, x_np, mode="train", **kwargs):
+def _sublayer_output(sublayer, x_np, mode="train", sequence_id=None, **kwargs):
   """Runs one sublayer function on x [batch=2, length, d_model] with model d_model."""
   def build(mesh):
     model = _tiny_model(transformer.LayerStack([]), d_model=x_np.shape[-1])
     dims = [mtf.Dimension("batch", x_np.shape[0]), mtf.Dimension("length", x_np.shape[1]), model.model_dim]
     x = mtf.import_tf_tensor(mesh, tf.constant(x_np), dims)
-    context = transformer.Context(model=model, mesh=mesh, batch_dims=dims[:1], length_dim=dims[1],
-                                  variable_dtype=F32, mode=mode)
+    context = transformer.Context(
+        model=model, mesh=mesh, batch_dims=dims[:1], length_dim=dims[1], variable_dtype=F32, mode=mode,
+        sequence_id=None if sequence_id is None else import_ids(mesh, sequence_id))
     context.current_layer_input = x * 10.0
     return [sublayer(x, None, context, **kwargs)]
   return lower_and_evaluate(build)[0]
@@ -206,6 +207,9 @@ def test_sublayers_match_their_formulas():
   assert_allclose(_sublayer_output(transformer.sublayer_rms_norm_subsampled, x, percentage=50.),
                   x / np.sqrt(np.mean(sub ** 2, -1, keepdims=True) + 1e-6), rtol=1e-5)
   assert_allclose(_sublayer_output(transformer.sublayer_clip_activation_gradient, x), x)
+  sequence_id = np.array([[1, 1, 0], [1, 2, 2]], np.int32)
+  assert_allclose(_sublayer_output(transformer.sublayer_mask_padding, x, sequence_id=sequence_id),
+                  x * (sequence_id > 0)[..., None])
 
 
 def test_sublayer_dropout_applies_in_training_only_with_one_mask_per_sequence():
@@ -217,6 +221,25 @@ def test_sublayer_dropout_applies_in_training_only_with_one_mask_per_sequence():
   y = _sublayer_output(transformer.sublayer_annealed_dropout, x, init_dropout_rate=0.5, start_step=10,
                        end_step=20)
   assert set(np.unique(y)) <= {0.0, 2.0} and 0 < np.count_nonzero(y) < y.size
+  legacy_stack = SimpleNamespace(dropout_rate=0.5)
+  y = _sublayer_output(lambda x, _, context: transformer.sublayer_legacy_dropout(x, legacy_stack, context), x)
+  assert set(np.unique(y)) <= {0.0, 2.0} and 0 < np.count_nonzero(y) < y.size
+
+
+def test_layer_stack_recompute_grads_gives_the_same_gradients():
+  ids = _ids(11)
+  results = []
+  for recompute in (False, True):
+    def build(mesh, recompute=recompute):
+      layers = transformer.make_layer_stack([model_check.SELF_ATTENTION, model_check.FEED_FORWARD],
+                                            num_layers=1).layers
+      model = _tiny_model(transformer.LayerStack(layers, recompute_grads=recompute), autoregressive=True)
+      targets = import_ids(mesh, ids)
+      _, loss = model.call_simple(transformer.autoregressive_inputs(targets), targets, compute_loss=True)
+      return [loss] + mtf.gradients([loss], [v.outputs[0] for v in mesh.graph.trainable_variables])
+    results.append(lower_and_evaluate(build))
+  for a, b in zip(*results):
+    assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_reversible_layer_stack_matches_its_revnet_formula_with_and_without_recompute():
@@ -372,15 +395,59 @@ def _cross_entropy_np(logits, targets, z_loss=1e-4):
   return ((log_z - picked + z_loss * log_z ** 2) * (targets > 0)).sum() / targets.size
 
 
-def test_lm_runs_in_eager_mode():
+def test_lm_with_shared_softmax_and_sinusoids_runs_in_eager_mode():
   ids = _ids(5)
+  holder = {}
 
   def build(mesh):
     targets = import_ids(mesh, ids)
-    return model_check.lm().call_simple(transformer.autoregressive_inputs(targets), targets, True)
+    model = model_check.lm(shared_embedding_and_softmax_weights=True, sinusoid_positional_embedding=True)
+    result = model.call_simple(transformer.autoregressive_inputs(targets), targets, True)
+    holder["names"] = [v.name for v in mesh.graph.all_variables]
+    return result
   logits, loss = lower_and_evaluate(build, mode="eager")
   assert logits.shape == (BATCH, LENGTH, VOCAB)
   assert_allclose(loss, _cross_entropy_np(logits, ids), rtol=1e-5)
+  assert "transformer/embedding" in holder["names"]
+  assert not any("logits" in n or "positional_embedding" in n for n in holder["names"])
+
+
+def test_delimited_lm_attends_fully_within_inputs_and_scores_targets_only():
+  """[inputs, eos, targets, eos]: with input_full_attention position 0 sees input position 1."""
+  ids = np.array([[5, 6, 1, 7, 8, 1, 0, 0]] * BATCH, np.int32)
+  changed = ids.copy()
+  changed[:, 1] = 9
+
+  def run(model_kwargs, targets_np):
+    def build(mesh):
+      targets = import_ids(mesh, targets_np)
+      model = model_check.lm(**model_kwargs)
+      return model.call_simple(transformer.autoregressive_inputs(targets), targets, compute_loss=True)
+    return lower_and_evaluate(build)
+  full = {"input_full_attention": True, "loss_on_targets_only": True}
+  (logits, loss), (changed_logits, _) = run(full, ids), run(full, changed)
+  # Position 1 reads input token 0 (shifted by one); position 2 reads token 1, which changed.
+  assert not np.allclose(logits[:, 1], changed_logits[:, 1])
+  (causal_logits, _), (causal_changed, _) = run({}, ids), run({}, changed)
+  assert_allclose(causal_logits[:, 1], causal_changed[:, 1])
+  targets_only = ids * np.array([0, 0, 0, 1, 1, 1, 0, 0])
+  assert_allclose(loss, _cross_entropy_np(logits, targets_only), rtol=1e-5)
+
+
+def test_token_dropout_replaces_training_inputs_by_padding():
+  ids = _ids(12)
+
+  def build(mesh):
+    targets = import_ids(mesh, ids)
+    model = model_check.lm(token_dropout_rate=0.999)
+    dropped, _ = model.call_simple(targets, None, compute_loss=False)
+    with tf.variable_scope(tf.get_variable_scope(), reuse=True):
+      zeros, _ = model.call_simple(mtf.zeros_like(targets), None, compute_loss=False, mode="eval")
+      kept, _ = model.call_simple(targets, None, compute_loss=False, mode="eval")
+    return [dropped, zeros, kept]
+  dropped, zeros, kept = lower_and_evaluate(build)
+  assert_allclose(dropped, zeros, rtol=1e-5)
+  assert not np.allclose(kept, zeros)
 
 
 def test_tiny_lm_overfits_a_fixed_batch_on_a_2x4_mesh():
