@@ -221,7 +221,12 @@ class SelfAttention(transformer.TransformerLayer):
     return mtf.add_n(biases) if biases else None
 
   def _sequence_id_for_masking(self, context) -> Optional[mtf.Tensor]:
-    """subsequence_id (several targets per input) or sequence_id, when it runs along the length."""
+    """subsequence_id (several targets per input) or sequence_id, when it runs along the length.
+
+    Not in "incremental" mode, whose single query position has no length dim to compare.
+    """
+    if context.mode == "incremental":
+      return None
     for sequence_id in (context.subsequence_id, context.sequence_id):
       if isinstance(sequence_id, mtf.Tensor):
         return sequence_id if context.length_dim in sequence_id.shape.dims else None

@@ -112,9 +112,8 @@ def _np_bucket(relative_position: np.ndarray, bidirectional: bool, num_buckets: 
   else:
     n = np.maximum(n, 0)
   exact = num_buckets // 2
-  with np.errstate(divide="ignore"):
-    large = exact + (np.log(n.astype(np.float32) / exact) / np.log(max_distance / exact)
-                     * (num_buckets - exact)).astype(np.int32)
+  large = exact + (np.log(np.maximum(n, 1).astype(np.float32) / exact) / np.log(max_distance / exact)
+                   * (num_buckets - exact)).astype(np.int32)  # only used where n >= exact
   return ret + np.where(n < exact, n, np.minimum(large, num_buckets - 1))
 
 
