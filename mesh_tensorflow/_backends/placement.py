@@ -72,11 +72,13 @@ class PlacementMeshImpl(MeshImpl):
       else:
         slice_shape = mesh_impl.slice_shape(shape)
         self._slices = []
-        for pnum, device in enumerate(mesh_impl.devices):
-          with tf.device(device):
-            self._slices.append(tf.get_variable(
-                variable.name + "_slice_%d" % pnum, slice_shape, dtype=variable.slice_dtype,
-                collections=[], initializer=tf.zeros_initializer(), use_resource=True))
+        # A second lowering of the same graph (in the same TF graph) reuses the slices.
+        with tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE):
+          for pnum, device in enumerate(mesh_impl.devices):
+            with tf.device(device):
+              self._slices.append(tf.get_variable(
+                  variable.name + "_slice_%d" % pnum, slice_shape, dtype=variable.slice_dtype,
+                  collections=[], initializer=tf.zeros_initializer(), use_resource=True))
         self._copy_master_to_slices_fn = lambda: self._assign_master_to_slices(shape)
         self._copy_slices_to_master_fn = lambda: variable.assign_to_master(mesh_impl.combine_slices(
             [tf.cast(s, variable.master_dtype) for s in self._slices], shape, device=master_device))

@@ -51,6 +51,10 @@ class Lowering:
       for out in op.outputs:
         self.add_counter("output/%s" % type(op).__name__, self.laid_out_size(out))
         self.add_counter("output_unique/%s" % type(op).__name__, out.size)
+    # Built now, in graph mode: grouping them later would mark these ops (TF sets an attribute on a
+    # control input) after a session may have run the graph, which TF warns will become an error.
+    self._copies = None if tf.executing_eagerly() else (
+        self._build_copy_masters_to_slices(), self._build_copy_slices_to_masters())
     with _opened(log_file) as f:
       log_variable_sizes(graph.trainable_variables, "Trainable Variables", verbose=True,
                          mesh_to_impl=mesh_to_impl, log_file=f)
@@ -119,11 +123,17 @@ class Lowering:
     With MTF_SEQUENCE_MODE=1 the backends chain the copies (each waits for the previous one, to
     bound host memory), so the last copy stands for all of them.
     """
+    return self._copies[0] if self._copies else self._build_copy_masters_to_slices()
+
+  def copy_slices_to_masters(self):
+    return self._copies[1] if self._copies else self._build_copy_slices_to_masters()
+
+  def _build_copy_masters_to_slices(self):
     if sequence_mode() and self.variables:
       return list(self.variables.values())[-1].copy_master_to_slices
     return tf.group([v.copy_master_to_slices for v in self.variables.values()])
 
-  def copy_slices_to_masters(self):
+  def _build_copy_slices_to_masters(self):
     return tf.group([v.copy_slices_to_master for v in self.variables.values()])
 
   def add_counter(self, key: str, value: int) -> None:
