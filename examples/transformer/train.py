@@ -12,13 +12,18 @@ exact match of its greedy decodes on held-out strings (eval mode).
     python -m examples.transformer.train [--task lm|reverse] [--model_dir DIR] [--train_steps N]
         [--layout layouts/single.gin] [--gin_file F] [--gin_param 'utils.run.batch_size = 32']
 
-Rerunning the same command resumes from the last checkpoint in model_dir.
+Rerunning the same command resumes from the last checkpoint in model_dir. With
+`--compare_layouts N` it instead trains N steps from the same initial weights under a
+data-parallel, a model-parallel and a 2-D layout and prints how far their losses are apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
+import shutil
 import sys
 import time
 
@@ -41,6 +46,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TASK_GIN = {"lm": "lm_pydoc.gin", "reverse": "reverse.gin"}
 NUM_PROMPTS = 3
 PROMPT_BYTES = 40
+CPU_DEVICES = "[%s]" % ", ".join('"cpu:%d"' % i for i in range(8))
+# name -> (mesh shape, layout rules), all over the 8 virtual CPU devices.
+LAYOUTS = {
+    "data-parallel": ("batch:8", "batch:batch"),
+    "model-parallel": ("model:8", "d_ff:model,heads:model,vocab:model"),
+    "2-D": ("batch:2,model:4", "batch:batch,d_ff:model,heads:model,vocab:model"),
+}
 
 
 def parse_args(argv):
@@ -54,13 +66,17 @@ def parse_args(argv):
   parser.add_argument("--gin_param", action="append", default=[], help="more gin bindings")
   parser.add_argument("--gin_location_prefix", action="append", default=[], help="gin search path")
   parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature")
+  parser.add_argument("--compare_layouts", type=int, default=0, metavar="STEPS",
+                      help="train STEPS steps under three layouts and compare their losses")
   parser.add_argument("--verbose", action="store_true", help="show TensorFlow's log lines")
   return parser.parse_args(argv)
 
 
-def configure_gin(args) -> None:
+def configure_gin(args, extra_params=()) -> None:
   """The package defaults, the task's gin file, the layout, then the user's files and bindings."""
-  params = list(args.gin_param)
+  gin.clear_config()
+  utils.FLAGS.unparse_flags()
+  params = list(args.gin_param) + list(extra_params)
   if args.train_steps is not None:
     params.append(f"utils.run.train_steps = {args.train_steps}")
   search_path = args.gin_location_prefix + [packaged_gin_dir()]
@@ -120,12 +136,36 @@ def draw_loss_curve(model_dir: str) -> str:
   return f"loss curve: {path}"
 
 
+def compare_layouts(args, model_dir: str) -> dict:
+  """Trains args.compare_layouts steps under each of LAYOUTS (fresh model_dirs); prints the losses."""
+  steps, curves = args.compare_layouts, {}
+  for name, (mesh_shape, layout_rules) in LAYOUTS.items():
+    directory = os.path.join(model_dir, "compare_" + name)
+    shutil.rmtree(directory, ignore_errors=True)
+    configure_gin(args, [
+        f"utils.run.mesh_shape = '{mesh_shape}'", f"utils.run.layout_rules = '{layout_rules}'",
+        f"utils.run.mesh_devices = {CPU_DEVICES}", f"utils.run.train_steps = {steps}",
+        "utils.run.iterations_per_loop = 1", f"utils.run.save_checkpoints_steps = {steps}"])
+    with contextlib.redirect_stdout(io.StringIO()):  # the per-step lines; the table below has them
+      run("train", directory)
+    curves[name] = [v for _, v in progress.read_scalars(directory, "loss")]
+  names = list(LAYOUTS)
+  print("step  " + "  ".join(f"{n:>15s}" for n in names))
+  for step in range(steps):
+    print(f"{step + 1:4d}  " + "  ".join(f"{curves[n][step]:15.6f}" for n in names))
+  worst = max(abs(curves[n][s] - curves[names[0]][s]) for n in names for s in range(steps))
+  print(f"largest loss difference between layouts over {steps} steps: {worst:.2e}")
+  return {"curves": curves, "max_difference": worst}
+
+
 def main(argv=None) -> dict:
   args = parse_args(argv)
   started = time.time()
   configure_logging(args.verbose)
   configure_virtual_cpus(8)
   model_dir = args.model_dir or f"/tmp/mtf_example_{args.task}"
+  if args.compare_layouts:
+    return compare_layouts(args, model_dir)
   configure_gin(args)
   print(f"task {args.task}: mesh {gin.query_parameter('utils.run.mesh_shape')!r}, layout "
         f"{gin.query_parameter('utils.run.layout_rules')!r}, model_dir {model_dir}", flush=True)

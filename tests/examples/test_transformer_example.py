@@ -1,0 +1,77 @@
+"""The bundled Transformer example (examples/transformer/train.py) at tiny settings."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import gin
+import pytest
+
+from examples.transformer import data, train
+from mesh_tensorflow.transformer import utils
+from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
+
+TINY_MODEL = ["num_layers = 1", "d_model = 16", "d_ff = 32", "num_heads = 8", "d_kv = 2"]
+TINY_LM = TINY_MODEL + ["utils.run.sequence_length = {'inputs': 16, 'targets': 16}",
+                        "Unitransformer.max_length = 16", "utils.run.batch_size = 8"]
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch):
+  monkeypatch.setattr(train, "configure_logging", lambda verbose: None)  # keep pytest's log settings
+  yield
+  gin.clear_config()
+  utils.FLAGS.unparse_flags()
+
+
+def params(bindings):
+  return [arg for b in bindings for arg in ("--gin_param", b)]
+
+
+def test_the_language_model_trains_evaluates_samples_and_draws_its_loss_curve(tmp_path, capsys):
+  tiny = TINY_LM + ["utils.run.iterations_per_loop = 1", "utils.run.perplexity_eval_steps = 2"]
+  summary = train.main(["--model_dir", str(tmp_path), "--train_steps", "3"] + params(tiny))
+  out = capsys.readouterr().out
+  assert "mesh 'batch:2,model:4'" in out  # the shipped layout file's mesh
+  assert summary["train"]["step"] == 3 and 0 < summary["bits_per_byte"] < 9
+  assert re.search(r"held-out bits per byte: [\d.]+ \(step 3, [\d,]+ held-out bytes\)", out)
+  assert len(re.findall(r"^greedy: ", out, re.M)) == len(re.findall(r"^sampled: ", out, re.M)) == 3
+  try:
+    import matplotlib  # noqa: F401
+    assert os.path.getsize(tmp_path / "loss_curve.png") > 1000
+  except ImportError:
+    assert "matplotlib is not installed" in out
+
+
+def test_the_reverse_task_trains_and_reports_exact_match(tmp_path, capsys):
+  tiny = TINY_MODEL + ["utils.run.batch_size = 8", "data.transduction_dataset.num_eval_examples = 8"]
+  summary = train.main(["--task", "reverse", "--model_dir", str(tmp_path), "--train_steps", "2"]
+                       + params(tiny))
+  assert 0.0 <= summary["exact_match"] <= 1.0
+  assert re.search(r"held-out exact match: [\d.]+", capsys.readouterr().out)
+
+
+def test_three_layouts_give_the_same_losses(tmp_path, capsys):
+  result = train.main(["--compare_layouts", "3", "--model_dir", str(tmp_path)] + params(TINY_LM))
+  assert sorted(result["curves"]) == sorted(train.LAYOUTS)
+  assert all(len(curve) == 3 for curve in result["curves"].values())
+  assert result["max_difference"] < 1e-5
+  assert "largest loss difference between layouts over 3 steps" in capsys.readouterr().out
+
+
+def test_text_is_split_into_train_and_every_twentieth_window_held_out():
+  vocabulary = vocabulary_lib.ByteVocabulary()
+  text = "".join(chr(ord("a") + i % 26) for i in range(40 * 8))
+  train_windows = data.text_windows(text, vocabulary, 8, "train")
+  heldout = data.text_windows(text, vocabulary, 8, "validation")
+  assert train_windows.shape == (38, 8) and heldout.shape == (2, 8)
+  assert vocabulary.decode(heldout[0].tolist()) == text[19 * 8:20 * 8]
+  with pytest.raises(ValueError, match="dataset_split 'dev'"):
+    data.text_windows(text, vocabulary, 8, "dev")
+
+
+def test_transduction_targets_reverse_or_sort_their_inputs():
+  for task, fn in (("reverse", lambda s: s[::-1]), ("sort", lambda s: "".join(sorted(s)))):
+    pairs = data.transduction_examples(task, 20, 3, 10, seed=0)
+    assert all(t == fn(i) and 3 <= len(i) <= 10 and i.isdigit() for i, t in pairs)
