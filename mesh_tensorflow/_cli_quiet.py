@@ -2,7 +2,7 @@
 
 `python -m mesh_tensorflow.transformer.main ...` (and scripts that set MTF_QUIET=1 before importing
 mesh_tensorflow) would otherwise print TensorFlow's C++ start-up lines (oneDNN, CPU features,
-absl) on every run. Here, for those entry points only, TF_CPP_MIN_LOG_LEVEL defaults to 2 and
+absl) on every run. Here, for those entry points only, TF_CPP_MIN_LOG_LEVEL defaults to 3 and
 stderr is muted while TensorFlow loads. `--verbose` on the command line, or MTF_QUIET=0, keeps
 everything. This module must not import TensorFlow at module level before muting.
 """
@@ -35,6 +35,6 @@ def _muted_stderr():
 
 
 if _wanted() and "tensorflow" not in sys.modules:
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   with _muted_stderr():
     import tensorflow  # noqa: F401  (loaded here so its start-up lines go nowhere)
