@@ -229,7 +229,8 @@ def maybe_reshape_attention_input_for_2d_sharding(context, q, k, v, bias, unspli
   """
   model = getattr(context, "model", None) if context is not None else None
   layout, mesh_shape = getattr(model, "layout", None), getattr(model, "mesh_shape", None)
-  if not isinstance(layout, (str, mtf.LayoutRules)) or not isinstance(mesh_shape, (str, mtf.Shape)):
+  if not (isinstance(layout, (str, list, tuple, mtf.LayoutRules))
+          and isinstance(mesh_shape, (str, list, mtf.Shape))):  # no layout given (or a mock context)
     return q, k, v, bias
   layout_rules = mtf.convert_to_layout_rules(layout)
   mesh_shape = mtf.convert_to_shape(mesh_shape)
@@ -466,27 +467,27 @@ class ExpertsAttentionParams(AttentionParams):
     return mtf.reshape(t, t.shape - last + [mtf.Dimension(self.q_shape[-1].name, last.size)])
 
   def _compute_merge_qkv(self, antecedent):
-    """q (and k) from one MoE call on the (shared) antecedent."""
+    """q (and, for "qkv", the shared k) from one MoE call on the (shared) antecedent."""
     if self.expert_computation == "qkv":
       q, k = self.moe_layer.call(self.context, antecedent)
       q, k = self._rename_to_heads(q), self._rename_to_heads(k)
+      self._k = mtf.replace_dimensions(k, k.shape.dims[-1], self.k_dims)
     else:
       q = self._rename_to_heads(self.moe_layer.call(self.context, antecedent))
-      k = mtf.layers.us_einsum([antecedent, self.wkv], reduced_dims=[self.memory_input_dim])
     q *= self.key_dim.size ** -0.5
     self._q = mtf.replace_dimensions(q, q.shape.dims[-1], self.q_dims)
-    self._k = mtf.replace_dimensions(k, k.shape.dims[-1], self.k_dims)
 
   def compute_q(self, query_antecedent):
     self._compute_merge_qkv(query_antecedent)
     return self._q
 
   def compute_k(self, memory_antecedent):
-    del memory_antecedent
-    return self._k
+    return self.compute_kv(memory_antecedent)
 
   def compute_kv(self, memory_antecedent):
-    del memory_antecedent
+    """"qkv": the k computed with q; "q": the memory antecedent times the `kv` variable."""
+    if self.expert_computation == "q":
+      return self._project(memory_antecedent, self.wkv, self.memory_input_dim, self.k_dims)
     return self._k
 
   def compute_v(self, memory_antecedent):

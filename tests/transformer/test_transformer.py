@@ -421,7 +421,7 @@ def test_delimited_lm_attends_fully_within_inputs_and_scores_targets_only():
   def run(model_kwargs, targets_np):
     def build(mesh):
       targets = import_ids(mesh, targets_np)
-      model = model_check.lm(**model_kwargs)
+      model = model_check.lm(num_layers=1, **model_kwargs)
       return model.call_simple(transformer.autoregressive_inputs(targets), targets, compute_loss=True)
     return lower_and_evaluate(build)
   full = {"input_full_attention": True, "loss_on_targets_only": True}
@@ -439,7 +439,7 @@ def test_token_dropout_replaces_training_inputs_by_padding():
 
   def build(mesh):
     targets = import_ids(mesh, ids)
-    model = model_check.lm(token_dropout_rate=0.999)
+    model = model_check.lm(num_layers=1, token_dropout_rate=0.999)
     dropped, _ = model.call_simple(targets, None, compute_loss=False)
     with tf.variable_scope(tf.get_variable_scope(), reuse=True):
       zeros, _ = model.call_simple(mtf.zeros_like(targets), None, compute_loss=False, mode="eval")
@@ -552,12 +552,16 @@ def test_gin_builds_a_bitransformer_with_scoped_layer_lists():
     transformer.Unitransformer.d_model = 8
     transformer.Unitransformer.max_length = 8
     decoder/transformer.Unitransformer.label_smoothing = 0.1
+    Unitransformer.sample_autoregressive.sampling_keep_top_k = 3
+    Bitransformer.decode.beam_size = 4
   """
   with gin.unlock_config():
     gin.clear_config()
     gin.parse_config(config)
     try:
       model = transformer.make_bitransformer(input_vocab_size=VOCAB, output_vocab_size=VOCAB)
+      assert gin.query_parameter("Unitransformer.sample_autoregressive.sampling_keep_top_k") == 3
+      assert gin.query_parameter("Bitransformer.decode.beam_size") == 4
     finally:
       gin.clear_config()
   assert [type(layer).__name__ for layer in model.decoder.layer_stack.layers] == [
