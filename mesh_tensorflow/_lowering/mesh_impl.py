@@ -2,8 +2,8 @@
 
 The concrete methods here are layout arithmetic and the backend-independent part of every
 backend: master<->slice copies, deduplicated random draws, processor numbering, broadcasting,
-printing. A backend supplies only the primitives listed in `BACKEND_PRIMITIVES` (documented in
-docs/architecture.md); `_lowering/backend.py` states the whole contract as a Protocol.
+printing. A backend supplies only the primitives in `_lowering/backend.py`'s BACKEND_PRIMITIVES
+(listed in docs/architecture.md); that module states the whole contract as Protocols.
 Op families never call the collectives directly: they go through `_lowering/comm.py`.
 """
 
@@ -21,12 +21,6 @@ from mesh_tensorflow._core.layout import (
 from mesh_tensorflow._lowering.comm import shift_sources
 from mesh_tensorflow._lowering.lazy import compatible_lazy_allreduce_sums
 from mesh_tensorflow._lowering.tf_helpers import parallel
-
-# What a backend implements (MeshImpl provides everything else on top of these).
-BACKEND_PRIMITIVES = (
-    "LaidOutTensor", "LaidOutVariable", "slicewise", "allreduce", "allconcat", "alltoall",
-    "receive", "laid_out_pnum", "import_tf_tensor", "export_to_tf_tensor", "devices",
-)
 
 # Stateless counterparts of the TF random functions mtf draws from (same keyword arguments).
 _STATELESS = {
