@@ -8,7 +8,7 @@ import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import moe, transformer, transformer_layers
-from tests.harness import MODES, lower_and_evaluate
+from tests.harness import lower_and_evaluate
 from tests.layers.layer_check import check_layer, run_layer
 
 RNG = np.random.RandomState(0)
@@ -39,10 +39,11 @@ def _softmax(z):
   return e / e.sum(-1, keepdims=True)
 
 
-def _reference_routing(gates, gating, capacity, top_k=3):
+def _reference_routing(gates, gating, capacity, top_k=3, keep_second=None):
   """NumPy routing of one group: list of (token, expert, slot, weight-index) picks, in slot order.
 
   weight-index names which gate weights the pick: ("top2", k) for top-2, ("raw", expert) otherwise.
+  keep_second: optional [tokens] bools, which second choices the top-2 policy keeps.
   """
   num_tokens, num_experts = gates.shape
   order = np.argsort(-gates, axis=-1, kind="stable")
@@ -51,6 +52,8 @@ def _reference_routing(gates, gating, capacity, top_k=3):
   if gating == "top_2":
     for rank in (0, 1):
       for t in range(num_tokens):
+        if rank == 1 and keep_second is not None and not keep_second[t]:
+          continue
         e = order[t, rank]
         if counts[e] < capacity:
           picks.append((t, e, counts[e], ("top2", rank)))
@@ -68,6 +71,11 @@ def _reference_routing(gates, gating, capacity, top_k=3):
         placed[t] = True
         counts[e] += 1
   return picks
+
+
+def _balance_loss(mask, gates):
+  """E^2 * mean over (group, expert) of (fraction of the group routed) * (mean gate); [g, s, e] inputs."""
+  return (mask.mean(axis=1) * gates.mean(axis=1)).mean() * NUM_EXPERTS ** 2
 
 
 def _routing_weights(gates, picks, num_experts):
@@ -116,9 +124,108 @@ def test_dispatch_and_combine_route_each_token_to_its_top_k_within_capacity(gati
     for t, e, slot, _ in picks:
       expected[t, e, slot] = weights[t, e]
     np.testing.assert_allclose(combine[g], expected, rtol=1e-5, atol=1e-6)
-  density = np.eye(NUM_EXPERTS)[gates.argmax(-1)].mean(axis=1)  # first choices, before capacity
-  expected_loss = (density * gates.mean(axis=1)).mean() * NUM_EXPERTS ** 2
-  np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+  first_choices = np.eye(NUM_EXPERTS)[gates.argmax(-1)]  # before capacity
+  np.testing.assert_allclose(loss, _balance_loss(first_choices, gates), rtol=1e-5)
+
+
+def _gating_run(gating, hparams, train, x, capacity=2):
+  """(dispatch, combine, loss, gate logits) of one gating call on x [2, 8, d_model]."""
+  gating_fn = {"top_2": moe._top_2_gating, "switch": moe._switch_gating, "ntlb": moe._ntlb_gating}[gating]
+
+  def build(mesh):
+    inputs = mtf.import_tf_tensor(mesh, tf.constant(x), "batch:2;group:8;d_model:%d" % D_MODEL)
+    dispatch, combine, loss = gating_fn(inputs, None, mtf.Dimension("expert_unsplit", NUM_EXPERTS),
+                                        mtf.Dimension("expert_capacity", capacity), hparams, train, VDTYPE)
+    return [dispatch, combine, loss, mesh.graph.all_variables[0].outputs[0]]
+
+  dispatch, combine, loss, kernel = lower_and_evaluate(build)
+  return dispatch, combine, loss, np.einsum("gsm,me->gse", x, kernel)
+
+
+def _assert_routing_invariants(dispatch, combine, gates, top_k, capacity=2):
+  np.testing.assert_array_equal(dispatch, (combine != 0).astype(np.float32))
+  assert (dispatch.sum(axis=(1, 3)) <= capacity).all() and (dispatch.sum(axis=1) <= 1).all()
+  assert (combine.sum(axis=(2, 3)) <= 1 + 1e-5).all()
+  if top_k is not None:
+    ranks = np.argsort(np.argsort(-gates, axis=-1), axis=-1)
+    assert (ranks[combine.sum(axis=3) > 0] < top_k).all()
+
+
+@pytest.mark.parametrize("policy", ["none", "threshold", "random"])
+def test_top_2_second_place_policies(policy):
+  hparams = _hparams("top_2", moe_second_policy_train=policy, moe_second_threshold_train=0.3)
+  x = RNG.randn(2, 8, D_MODEL).astype(np.float32)
+  dispatch, combine, _, logits = _gating_run("top_2", hparams, True, x)
+  gates = _softmax(logits)
+  _assert_routing_invariants(dispatch, combine, gates, 2)
+  if policy == "random":  # a random subset of second choices: still within the top 2
+    return
+  top = -np.sort(-gates, axis=-1)
+  keep_second = (top[..., 1] / (top[..., 0] + top[..., 1]) > 0.3) if policy == "threshold" else \
+      np.zeros(gates.shape[:2], bool)
+  for g in range(2):
+    picks = _reference_routing(gates[g], "top_2", 2, keep_second=keep_second[g])
+    weights = _routing_weights(gates[g], picks, NUM_EXPERTS)
+    expected = np.zeros((8, NUM_EXPERTS, 2))
+    for t, e, slot, _ in picks:
+      expected[t, e, slot] = weights[t, e]
+    np.testing.assert_allclose(combine[g], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_second_place_loss_adds_half_the_balance_loss_of_second_choices():
+  x = RNG.randn(2, 8, D_MODEL).astype(np.float32)
+  _, _, loss, logits = _gating_run("top_2", _hparams("top_2", moe_use_second_place_loss=True), False, x)
+  gates = _softmax(logits)
+  first = np.eye(NUM_EXPERTS)[gates.argmax(-1)]
+  without_first = gates * (1 - first)
+  second = np.eye(NUM_EXPERTS)[without_first.argmax(-1)]
+  normalized = without_first / without_first.sum(-1, keepdims=True)
+  np.testing.assert_allclose(loss, _balance_loss(first, gates) + 0.5 * _balance_loss(second, normalized),
+                             rtol=1e-5)
+
+
+def test_router_z_loss_is_added_to_the_gating_loss():
+  x = RNG.randn(2, 8, D_MODEL).astype(np.float32)
+  _, _, loss, logits = _gating_run("switch", _hparams("switch", moe_z_loss=0.5), False, x)
+  gates = _softmax(logits)
+  balance = _balance_loss(np.eye(NUM_EXPERTS)[gates.argmax(-1)], gates)
+  z_loss = (np.log(np.exp(logits).sum(-1)) ** 2).mean()
+  np.testing.assert_allclose(loss, balance + 0.5 * z_loss, rtol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["argmax", "sample", "input_jitter", "input_dropout"])
+@pytest.mark.parametrize("gating", ["switch", "ntlb"])
+def test_switch_policies_in_training(gating, policy):
+  hparams = _hparams(gating, moe_switch_policy_train=policy, moe_switch_dropout=0.5, moe_switch_jitter=0.1)
+  x = RNG.randn(2, 8, D_MODEL).astype(np.float32)
+  dispatch, combine, _, logits = _gating_run(gating, hparams, True, x)
+  gates = _softmax(logits)
+  perturbed = policy in ("input_jitter", "input_dropout")
+  # Sampled or perturbed routing may pick any expert; argmax keeps to the top choices.
+  _assert_routing_invariants(dispatch, combine, gates,
+                             None if perturbed or policy == "sample" else {"switch": 1, "ntlb": 3}[gating])
+  if not perturbed:  # the weight of a routed token is its gate probability for the chosen expert
+    weights = combine.sum(axis=3)
+    routed = weights > 0
+    np.testing.assert_allclose(weights[routed], gates[routed], rtol=1e-5)
+    assert routed.sum() >= (4 if gating == "switch" else 8)  # capacity 2 x 4 experts x 2 groups caps it
+  if policy == "argmax":
+    for g in range(2):
+      assert len(_reference_routing(gates[g], gating, 2)) == (combine[g] > 0).sum()
+
+
+def test_expert_dropout_applies_only_in_training():
+  hparams = _hparams("top_2", moe_dropout_rate=0.5)
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(X), X_SHAPE)
+    outs = [moe.transformer_moe_layer_v1(x, D_MODEL_DIM, hparams, train, VDTYPE)[0]
+            for train in (False, True)]
+    return outs + [moe.transformer_moe_layer_v1(x, D_MODEL_DIM, _hparams("top_2"), False, VDTYPE)[0]]
+
+  eval_y, train_y, no_dropout_y = lower_and_evaluate(build)
+  np.testing.assert_allclose(eval_y, no_dropout_y, rtol=1e-6)
+  assert np.abs(train_y - eval_y).max() > 1e-3
 
 
 def test_load_balancing_loss_matches_its_formula_on_a_hand_made_case():
@@ -213,15 +320,14 @@ def test_moe_v1_output_and_gradients_match_reference_routing(gating):
       [mtf.Dimension("experts", NUM_EXPERTS), D_MODEL_DIM, mtf.Dimension("expert_hidden", HIDDEN)])
 
 
-LAYOUTS = [
-    ("all:4", "batch:all;experts:all"),
-    ("batch:2;model:4", "batch:batch;experts:batch;expert_hidden:model"),
-    ("batch:2;model:4", "batch:batch;d_model:model"),
+LAYOUTS = [  # (mesh shape, layout, evaluation mode)
+    ("all:4", "batch:all;experts:all", "eager"),
+    ("batch:2;model:4", "batch:batch;experts:batch;expert_hidden:model", "graph"),
+    ("batch:2;model:4", "batch:batch;d_model:model", "eager"),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape,layout", LAYOUTS)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mesh_shape,layout,mode", LAYOUTS)
 def test_moe_v1_with_experts_split_equals_one_processor(mesh_shape, layout, mode):
   hparams = _hparams("top_2")
   layer = _moe_layer(hparams, layout, mesh_shape)
@@ -264,8 +370,8 @@ def _model():
                                     output_vocab_size=8, autoregressive=True, max_length=LENGTH)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_moe1d_incremental_positions_equal_the_full_sequence_call(mode):
+def test_moe1d_incremental_positions_equal_the_full_sequence_call():
+  mode = "graph"
   layer = moe.MoE1D(num_experts=NUM_EXPERTS, hidden_size=HIDDEN, group_size=4, capacity_factor_eval=4.0,
                     second_policy_eval="all", min_expert_capacity=4)
   model = _model()
@@ -304,8 +410,8 @@ def test_moe1d_experts_attention_returns_q_and_k_projections():
   assert np.abs(diff).max() > 0  # two different projections
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_moe2d_layouts_equal_one_processor(mode):
+def test_moe2d_layouts_equal_one_processor():
+  mode = "eager"
   hparams = moe.MoE2D(expert_x=2, expert_y=2, hidden_size=HIDDEN, group_size=4, capacity_factor_eval=2.0,
                       second_policy_eval="all", min_expert_capacity=2)._hparams
   x = RNG.randn(2, 2, LENGTH, D_MODEL).astype(np.float32)
@@ -363,10 +469,10 @@ def test_split_into_groups_makes_groups_a_multiple_of_the_mesh_split():
     moe._split_into_groups(6, 2, 4)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_greedy_decoding_through_moe_agrees_with_full_forward_passes(mode):
+def test_greedy_decoding_through_moe_agrees_with_full_forward_passes():
   """first_part + incremental steps (MoE on one position per step) pick each position's argmax
   of a full forward pass over the decoded sequence."""
+  mode = "graph"
   layers = [transformer_layers.SelfAttention(num_heads=2, key_value_size=2),
             moe.MoE1D(num_experts=NUM_EXPERTS, hidden_size=HIDDEN, group_size=4, capacity_factor_eval=4.0,
                       second_policy_eval="all")]
