@@ -210,13 +210,16 @@ class StudentTeacher:
       return self.student.decode(*args, **kwargs)
 
   def initialize(self):
-    """Loads teacher (and optionally student) variables from teacher_checkpoint (no-op without one)."""
+    """Sets the teacher's (and optionally the student's) initial values from teacher_checkpoint.
+
+    teacher_checkpoint holds a model trained on its own (variables without the `teacher/`
+    prefix). Call after building the model and before lowering and initialising variables;
+    no-op without a checkpoint.
+    """
     if not self.teacher_checkpoint:
       return
-    assignment_map = {"teacher/": "teacher/"}
-    if self.initialize_student_weights:
-      assignment_map["student/"] = "teacher/"
-    tf.train.init_from_checkpoint(self.teacher_checkpoint, assignment_map)
+    for scope in ["teacher/"] + (["student/"] if self.initialize_student_weights else []):
+      tf.train.init_from_checkpoint(self.teacher_checkpoint, {"/": scope})
 
 
 @gin.configurable(module=GIN_MODULE)

@@ -541,6 +541,36 @@ def test_student_teacher_mixes_soft_and_hard_losses_and_freezes_the_teacher():
   assert_allclose(mixed, 0.5 * hard + 0.5 * soft, rtol=1e-5)
 
 
+def test_student_teacher_initializes_teacher_and_student_from_a_trained_model_checkpoint(tmp_path):
+  inputs_np, targets_np = _bi_batch(13)
+  path = str(tmp_path / "model.ckpt")
+
+  def run_graph(build_model, save):
+    """Builds a model on one processor, initialises it; saves or returns its master values."""
+    with tf.Graph().as_default():
+      graph = mtf.Graph()
+      mesh = mtf.Mesh(graph, "my_mesh")
+      model = build_model()
+      model.call_simple(import_ids(mesh, inputs_np), import_ids(mesh, targets_np), compute_loss=True)
+      if not save:
+        model.initialize()
+      masters = {v.name: v.get_master() for v in graph.all_variables}
+      impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:1", "", [""])
+      mtf.Lowering(graph, {mesh: impl})
+      with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        if save:
+          tf.train.Saver(masters).save(sess, path)
+        return sess.run(masters)
+  trained = run_graph(model_check.bitransformer, save=True)
+  values = run_graph(lambda: transformer.StudentTeacher(
+      model_check.bitransformer(), model_check.bitransformer(), temperature=1.0, fraction_soft=0.5,
+      teacher_checkpoint=path, initialize_student_weights=True), save=False)
+  for name, value in trained.items():
+    assert_allclose(values["teacher/" + name], value)
+    assert_allclose(values["student/" + name], value)
+
+
 # ---- gin ----
 
 def test_gin_builds_a_bitransformer_with_scoped_layer_lists():
