@@ -126,17 +126,16 @@ class TransparentEncDecAttention(EncDecAttention):
   output: encoder_num_modules + 1 candidates) are mixed with softmax weights, variable `w`
   [encoder_module_outputs, decoder_module_inputs]; decoder module i (layers_per_decoder_module
   layers each, by context.layer_index) attends over mix i. The mixes are cached on the context,
-  so all decoder layers share `w`.
+  so all decoder layers share `w`. dropout_rate applies to `w` and to the attention weights.
   """
 
   def __init__(self, layers_per_encoder_module: int, layers_per_decoder_module: int,
                encoder_num_modules: int, decoder_num_modules: int, dropout_rate: float = 0.0, **kwargs):
-    super().__init__(**kwargs)
+    super().__init__(dropout_rate=dropout_rate, **kwargs)
     self.layers_per_encoder_module = layers_per_encoder_module
     self.layers_per_decoder_module = layers_per_decoder_module
     self.encoder_num_modules = encoder_num_modules
     self.decoder_num_modules = decoder_num_modules
-    self.transparent_dropout_rate = dropout_rate
 
   def _get_memory_antecedent(self, context) -> mtf.Tensor:
     module = context.layer_index // self.layers_per_decoder_module
@@ -163,8 +162,8 @@ class TransparentEncDecAttention(EncDecAttention):
     w = mtf.get_variable(context.mesh, "w", mtf.Shape([candidates_dim, mixes_dim]),
                          initializer=tf.random_normal_initializer(stddev=stddev),
                          dtype=context.variable_dtype)
-    if context.train and self.transparent_dropout_rate:
-      w = mtf.dropout(w, context.train, rate=self.transparent_dropout_rate)
+    if context.train and self.dropout_rate:
+      w = mtf.dropout(w, context.train, rate=self.dropout_rate)
     mixes = mtf.layers.us_einsum([mtf.softmax(w, candidates_dim), candidates], reduced_dims=[candidates_dim])
     inputs = mtf.unstack(mixes, mixes_dim)
     context.cache["transparent_decoder_inputs"] = inputs

@@ -225,3 +225,16 @@ def test_experts_self_attention_projects_q_and_shared_kv_with_the_expert_layer()
   check_layer(build, reference, [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE)], "batch:2", "batch:batch")
   assert len(losses) == 1  # the load-balancing loss
 
+
+
+def test_experts_enc_dec_attention_takes_keys_and_values_from_the_encoder_output():
+  # q = relu(x wi) wo / sqrt(d_kv) from the expert layer; k = v = encoder_output kv.
+  layer = transformer_layers.ExpertsEncDecAttention(**EXPERTS)
+
+  def reference(x, encoder_output, encoder_ids, variables):
+    h = tf.nn.relu(tf.einsum("bld,dh->blh", x, variables["layer/wi/kernel"][0]))
+    q = tf.reshape(tf.einsum("blh,he->ble", h, variables["layer/wo/kernel"][0]), [BATCH, LENGTH, 4, 2])
+    kv = tf_project_heads(encoder_output, variables["layer/kv"], 4)
+    o = tf_attention(q * 2 ** -0.5, kv, kv, PADDING_BIAS)
+    return tf.einsum("blhk,hkd->bld", o, tf.reshape(variables["layer/o"], [4, 2, D_MODEL]))
+  check_layer(_enc_dec_build(layer), reference, ENC_DEC_INPUTS)
