@@ -21,6 +21,8 @@ setup(
         "test": ["pytest", "pytest-xdist", "hypothesis", "mock", "scipy", "ruff", "pdoc>=14"],
         # The API reference (scripts/build_api_docs.sh); the tests build it too, hence pdoc in "test".
         "docs": ["pdoc>=14"],
+        # The Transformer example's loss-curve picture (it runs without, saying so).
+        "examples": ["matplotlib"],
     },
     classifiers=[
         "License :: OSI Approved :: Apache Software License",

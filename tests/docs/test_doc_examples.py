@@ -35,6 +35,14 @@ SHORT_SETTINGS = {
     "examples/spatial_conv.py": ["--steps", "2"],
     "benchmarks/bench_classifier.py": ["--steps", "2", "--warmup", "1", "--batch_size", "32",
                                        "--hidden", "32", "--lowering_devices", "1,8"],
+    # The Transformer example and driver: two steps of a one-layer model of width 16.
+    "examples.transformer.train": ["--train_steps", "2", "--gin_param", "num_layers = 1", "--gin_param",
+                                   "d_model = 16", "--gin_param", "d_ff = 32", "--gin_param",
+                                   "utils.run.perplexity_eval_steps = 1", "--gin_param",
+                                   "data.transduction_dataset.num_eval_examples = 8"],
+    "mesh_tensorflow.transformer.main": ["--gin_param=utils.run.train_steps = 2",
+                                         "--gin_param=num_layers = 1", "--gin_param=d_model = 16",
+                                         "--gin_param=d_ff = 32"],
 }
 
 # Documented commands this test does not run, by their first words, and why.
