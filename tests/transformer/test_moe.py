@@ -342,6 +342,21 @@ def test_moe_v1_with_experts_split_equals_one_processor(mesh_shape, layout, mode
   np.testing.assert_allclose(split.input_grads[0], single.input_grads[0], rtol=1e-4, atol=1e-5)
 
 
+def test_moe_v1_with_outer_batch_replicating_experts_equals_one_processor():
+  """outer_batch splits over one mesh dim (expert replicas), groups and experts over the other."""
+  hparams = _hparams("switch")
+  x = RNG.randn(2, 2, LENGTH, D_MODEL).astype(np.float32)
+  shape = "outer_batch:2;batch:2;length:%d;d_model:%d" % (LENGTH, D_MODEL)
+  mesh_shape, layout = "outer:2;inner:2", "outer_batch:outer;batch:inner;experts:inner"
+  layer = _moe_layer(hparams, layout, mesh_shape)
+  single = run_layer(layer, [(x, shape)], "all:1", "", "eager")
+  split = run_layer(layer, [(x, shape)], mesh_shape, layout, "eager")
+  np.testing.assert_allclose(split.y, single.y, rtol=1e-5, atol=1e-6)
+  for name, grad in single.variable_grads.items():
+    np.testing.assert_allclose(split.variable_grads[name], grad, rtol=1e-4, atol=1e-5)
+  assert np.abs(single.y).sum() > 0
+
+
 def test_moe_v1_padding_is_not_routed_and_outputs_zero():
   hparams = _hparams("top_2")
   nonpadding = np.ones((BATCH, LENGTH), np.float32)
