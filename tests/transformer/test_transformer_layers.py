@@ -120,15 +120,21 @@ def _np_bucket(relative_position: np.ndarray, bidirectional: bool, num_buckets: 
 HEADS, D_KV = 4, 2
 
 
-@pytest.mark.parametrize("mesh_shape,layout", LAYOUTS)
+# With d_model split, the attention itself would run replicated over `model`; a model that knows
+# its layout lets attention.py split it there too (maybe_reshape_attention_input_for_2d_sharding).
+D_MODEL_SPLIT = ("batch:2;model:4", "batch:batch;d_model:model")
+
+
+@pytest.mark.parametrize("mesh_shape,layout", LAYOUTS + [D_MODEL_SPLIT])
 def test_self_attention_matches_causal_multihead_attention_with_relative_bias(mesh_shape, layout):
   layer = transformer_layers.SelfAttention(num_heads=HEADS, key_value_size=D_KV,
                                            relative_attention_type="bias")
   positions = np.arange(LENGTH)
   buckets = _np_bucket(positions[None, :] - positions[:, None], bidirectional=False)
+  model = model_stub(D_MODEL, layout=layout, mesh_shape=mesh_shape)
 
   def build(x):
-    return call_layer(layer, make_context(x, model_stub(D_MODEL)), x)
+    return call_layer(layer, make_context(x, model), x)
 
   def reference(x, variables):
     relative = tf.gather(variables["layer/relative_attention_bias"], buckets, axis=1)  # [h, l, m]
