@@ -271,6 +271,11 @@ def test_attention_params_argument_errors():
   with pytest.raises(ValueError, match="needs shared_kv=True"):
     params.compute_kv(None)
   assert attention._combined_dim([HEADS, D_KV]) == mtf.Dimension("heads", 32)
+  mesh = mtf.Mesh(mtf.Graph(), "m")
+  kept = attention.AttentionParams(mesh, D_MODEL, D_MODEL, D_MODEL, D_KV, D_KV, [HEADS], [HEADS], F32,
+                                   keep_query_heads_dims=True)
+  o = mtf.zeros(mesh, mtf.Shape([mtf.Dimension("batch", 2), HEADS, D_KV]))
+  assert kept.compute_output(o).shape == mtf.Shape([mtf.Dimension("batch", 2), HEADS, D_MODEL])
   for kwargs, message in [({"combine_dims": False, "shared_kv": True}, "combine_dims=True"),
                           ({"shared_kv": False}, "shared_kv=True"),
                           ({"shared_kv": True, "expert_computation": "kv"}, "expert_computation='kv'")]:

@@ -601,6 +601,40 @@ def test_gin_builds_a_bitransformer_with_scoped_layer_lists():
   assert (model.encoder.name, model.decoder.name) == ("encoder", "decoder")
 
 
+def test_gin_builds_a_student_teacher_from_student_and_teacher_scopes():
+  config = """
+    transformer.make_layer_stack.layers = [@transformer_layers.SelfAttention]
+    transformer.make_layer_stack.num_layers = 1
+    teacher/transformer.make_layer_stack.num_layers = 3
+    transformer.Unitransformer.max_length = 8
+    student/encoder/transformer.Unitransformer.d_model = 16
+  """
+  with gin.unlock_config():
+    gin.clear_config()
+    gin.parse_config(config)
+    try:
+      model = transformer.make_bi_student_teacher(input_vocab_size=VOCAB, output_vocab_size=VOCAB)
+    finally:
+      gin.clear_config()
+  assert isinstance(model, transformer.StudentTeacher)
+  assert [m.layer_stack.num_layers for m in (model.student.encoder, model.teacher.decoder)] == [1, 3]
+  assert (model.student.encoder.model_dim.size, model.teacher.encoder.model_dim.size) == (16, 1024)
+
+
+def test_layer_stack_without_sublayers_masks_padding_of_its_output():
+  x_np = np.random.RandomState(14).randn(1, 3, 4).astype(np.float32)
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(x_np), "batch:1;length:3;d_model:4")
+    context = transformer.Context(model=None, mesh=mesh, batch_dims=x.shape.dims[:1],
+                                  length_dim=x.shape.dims[1], variable_dtype=F32,
+                                  sequence_id=import_ids(mesh, np.array([[1, 1, 0]])))
+    stack = transformer.LayerStack([_named(_Double(), "double")], sublayers_initial=[],
+                                   sublayers_per_layer=[transformer.sublayer_call_layer], sublayers_final=[])
+    return [stack.call(context, x)]
+  assert_allclose(lower_and_evaluate(build)[0], 2 * x_np * np.array([1, 1, 0])[None, :, None])
+
+
 def test_layout_that_cannot_divide_num_heads_names_the_dimension_and_mesh_dim():
   def build(mesh):
     targets = import_ids(mesh, _ids())
