@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow._ops import io
+
 
 def gradients(ys, xs, grad_ys=None, operations=None) -> list:
   """d(sum ys)/d xs, aligned with xs (None where x does not reach any y).
 
   Each op on a path from xs to ys is asked for `op.gradient(grad_outputs)`, in reverse graph
-  order; contributions reaching the same tensor are summed.
+  order; contributions reaching the same tensor are summed. `grad_ys` (default: ones) weights
+  each y and must have its shape and dtype. An op without a gradient on the path raises
+  GradientNotImplementedError naming it.
   """
-  from mesh_tensorflow._ops import io
   graph = ys[0].graph
   if not grad_ys:
     grad_ys = [io.Constant(y.mesh, 1.0, y.shape, y.dtype).outputs[0] for y in ys]
+  _check_grad_ys_match_ys(ys, grad_ys)
   if operations is None:
     operations = graph.operations
   downstream = set(xs)
@@ -37,3 +41,16 @@ def gradients(ys, xs, grad_ys=None, operations=None) -> list:
           else:
             tensor_to_gradient[inp] = grad
   return [tensor_to_gradient.get(x) for x in xs]
+
+
+def _check_grad_ys_match_ys(ys, grad_ys) -> None:
+  """One grad_y per y, of y's shape and dtype (a different shape would silently broadcast)."""
+  if len(grad_ys) != len(ys):
+    raise ValueError(f"gradients: got {len(grad_ys)} grad_ys for {len(ys)} ys "
+                     f"{[y.name for y in ys]}; give one per y (None for a y to ignore).")
+  for y, g in zip(ys, grad_ys):
+    if g is not None and (g.shape != y.shape or g.dtype != y.dtype):
+      raise ValueError(
+          f"gradients: grad_y {g.name!r} ({g.shape}, {g.dtype.name}) does not match y {y.name!r} "
+          f"({y.shape}, {y.dtype.name}); a grad_y must have its y's shape and dtype (reduce or "
+          f"broadcast it first, e.g. mtf.broadcast(g, y.shape)).")

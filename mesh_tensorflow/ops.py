@@ -10,6 +10,8 @@ from mesh_tensorflow._autodiff import gradients
 from mesh_tensorflow._core.dims import (
     Dimension, Shape, anonymous_shape, combined_dimension, convert_to_dimension, convert_to_shape,
     is_subsequence, list_product)
+from mesh_tensorflow._core.errors import (
+    DimensionSpecError, GradientNotImplementedError, LayoutError, UnsplittableDimensionError)
 from mesh_tensorflow._core.graph import Graph, Mesh
 from mesh_tensorflow._core.layout import (
     LayoutRules, TensorLayout, convert_to_layout_rules, pnum_to_group,
@@ -23,6 +25,7 @@ from mesh_tensorflow._lowering.dry_run import DryRunResult, dry_run
 from mesh_tensorflow._lowering.lazy import (
     LazyAllreduceSum, LazyLaidOutTensor, compatible_lazy_allreduce_sums,
     convert_args_to_laid_out_tensors)
+from mesh_tensorflow._lowering.layout_check import check_layout
 from mesh_tensorflow._lowering.lowering import Lowering, pretty_print_counters
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
 from mesh_tensorflow._lowering.mesh_impl import expand_dims_to as _expand_dims
@@ -46,5 +49,6 @@ from mesh_tensorflow._ops.reduce import *
 from mesh_tensorflow._ops.reshape import *
 from mesh_tensorflow._ops.shift import *
 from mesh_tensorflow._ops.slicing import *
+from mesh_tensorflow._ops.softmax import *
 from mesh_tensorflow._ops.stacking import *
 from mesh_tensorflow._ops.variables import *

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Optional, Sequence
 
 import gin
@@ -86,10 +87,11 @@ def _check_choice(owner: str, what: str, value: str, choices: tuple) -> None:
 
 
 def _as_dim_list(dims) -> list:
+  """None, one Dimension or a list of them -> a list; a bare size or name raises, saying what to write."""
   if dims is None:
     return []
-  if isinstance(dims, mtf.Dimension):
-    return [dims]
+  if isinstance(dims, (mtf.Dimension, str, numbers.Integral)):
+    return [mtf.convert_to_dimension(dims)]
   return [mtf.convert_to_dimension(d) for d in dims]
 
 

@@ -30,3 +30,14 @@ def check_dim_in(op_name: str, arg_name: str, dim, x) -> None:
   if dim not in x.shape.dims:
     raise ValueError(f"{op_name}: {arg_name} {dim} is not a dimension of {x.name!r} {x.shape}; pass one "
                      f"of {x.shape.dims} (names and sizes must both match).")
+
+
+def check_output_has_input_dims(op_name: str, inputs, output_shape) -> None:
+  """A broadcasting op does not reduce: its output keeps every input dimension."""
+  for x in inputs:
+    missing = [d for d in x.shape if d not in output_shape.dims]
+    if missing:
+      raise ValueError(
+          f"{op_name}: output shape {output_shape} lacks {missing} of input {x.name!r} "
+          f"({x.shape}); this op does not reduce. Add the dimensions to output_shape, or reduce "
+          f"first with mtf.reduce_sum.")

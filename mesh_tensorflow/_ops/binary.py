@@ -26,7 +26,7 @@ from mesh_tensorflow._ops import reduce as reduce_ops
 
 __all__ = [
     "ScalarMultiplyOperation", "ScalarAddOperation", "BinaryOpWithBroadcasting", "AddOperation",
-    "MinMaxOperation", "BroadcastOperation", "broadcast", "binary_op_with_broadcasting",
+    "MinMaxOperation", "binary_op_with_broadcasting",
     "binary_arguments_to_tensors", "add", "sub", "multiply", "divide", "add_n", "minimum",
     "maximum", "less", "greater", "less_equal", "greater_equal", "equal", "not_equal",
     "logical_and", "logical_or", "floordiv", "mod", "where",
@@ -59,16 +59,6 @@ def _check_scalar(op_name: str, x: Tensor, scalar) -> None:
         f"{op_name}: scalar {scalar!r} ({type(scalar).__name__}) does not fit tensor {x.name!r} of "
         f"dtype {x.dtype.name}; use a matching scalar, mtf.cast the tensor, or mtf.floordiv for "
         f"integer division.")
-
-
-def _check_output_has_input_dims(op_name: str, inputs, output_shape: Shape) -> None:
-  for x in inputs:
-    missing = [d for d in x.shape if d not in output_shape.dims]
-    if missing:
-      raise ValueError(
-          f"{op_name}: output shape {output_shape} lacks {missing} of input {x.name!r} "
-          f"({x.shape}); this op does not reduce. Add the dimensions to output_shape, or reduce "
-          f"first with mtf.reduce_sum.")
 
 
 def _check_has_tensor(op_name: str, x1, x2) -> None:
@@ -131,7 +121,7 @@ class BinaryOpWithBroadcasting(Operation):
     name = name or "binary_op"
     _check_tensor_pair(name, x1, x2)
     output_shape = _infer_binary_broadcast_shape(x1.shape, x2.shape, output_shape)
-    _check_output_has_input_dims(name, [x1, x2], output_shape)
+    checks.check_output_has_input_dims(name, [x1, x2], output_shape)
     if not isinstance(output_dtype, tf.DType):
       raise ValueError(f"{name}: output_dtype must be a tf.DType, got {output_dtype!r}.")
     super().__init__([x1, x2], name=name)
@@ -190,32 +180,6 @@ class MinMaxOperation(BinaryOpWithBroadcasting):
     return [reduce_ops.reduce_sum(
         dy * elementwise_ops.cast(equal(x, y, output_shape=y.shape), dy.dtype), output_shape=x.shape)
         for x in self.inputs]
-
-
-class BroadcastOperation(Operation):
-  """x broadcast to `output_shape`, a superset of its dimensions in any order."""
-
-  def __init__(self, x: Tensor, output_shape: Shape, name: Optional[str] = None):
-    _check_output_has_input_dims(name or "broadcast", [x], output_shape)
-    super().__init__([x], name=name or "broadcast")
-    self._outputs = [Tensor(self, output_shape, x.dtype)]
-    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
-
-  def gradient(self, grad_ys):
-    return [reduce_ops.reduce_sum(grad_ys[0], output_shape=self.inputs[0].shape)]
-
-  def lower(self, lowering):
-    x, y = self.inputs[0], self.outputs[0]
-    lowering.set_tensor_lowering(y, lowering.mesh_impl(self).broadcast_impl(
-        lowering.tensors[x], x.shape, y.shape))
-
-
-def broadcast(x: Tensor, new_shape) -> Tensor:
-  """x with the dimensions of `new_shape` (x itself if the shapes are equal)."""
-  new_shape = convert_to_shape(new_shape)
-  if x.shape == new_shape:
-    return x
-  return BroadcastOperation(x, new_shape).outputs[0]
 
 
 def _infer_binary_broadcast_shape(shape1, shape2, given_output_shape=None) -> Shape:

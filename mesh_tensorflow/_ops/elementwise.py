@@ -16,7 +16,6 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Dimension, convert_to_shape
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor, register_operators
-from mesh_tensorflow._ops import binary as binary_ops
 from mesh_tensorflow._ops import io as io_ops
 
 __all__ = [
@@ -259,21 +258,24 @@ def reciprocal(x: Tensor, name: str = "reciprocal") -> Tensor:
                 lambda op, dy: [negative(dy * square(op.outputs[0]))])
 
 
-def _positive_mask(x: Tensor) -> Tensor:
-  return cast(binary_ops.greater(x, 0), x.dtype)
+def _slope(x: Tensor, negative_slope: float = 0.0) -> Tensor:
+  """1 where x > 0, else `negative_slope`, in x's dtype: the derivative of (leaky) relu."""
+  def slope(t):
+    positive = tf.cast(t > 0, t.dtype)
+    if not negative_slope:
+      return positive
+    return positive + (1 - positive) * tf.cast(negative_slope, t.dtype)
+  return cwise(slope, [x], grad_function=0, name="relu_slope")
 
 
 def relu(x: Tensor, name: str = "relu") -> Tensor:
-  return _unary(tf.nn.relu, x, name, lambda op, dy: [dy * _positive_mask(op.inputs[0])],
-                needs_float=False)
+  return _unary(tf.nn.relu, x, name, lambda op, dy: [dy * _slope(op.inputs[0])], needs_float=False)
 
 
 def leaky_relu(x: Tensor, alpha: float = 0.2) -> Tensor:
   """max(x, alpha * x); the gradient is dy where x > 0 and alpha * dy elsewhere."""
-  def grad(op, dy):
-    x = op.inputs[0]
-    return [dy * _positive_mask(x) + dy * cast(binary_ops.less_equal(x, 0), x.dtype) * alpha]
-  return _unary(lambda t: tf.nn.leaky_relu(t, alpha), x, "leaky_relu", grad)
+  return _unary(lambda t: tf.nn.leaky_relu(t, alpha), x, "leaky_relu",
+                lambda op, dy: [dy * _slope(op.inputs[0], alpha)])
 
 
 def logical_not(x: Tensor, name: str = "logical_not") -> Tensor:

@@ -7,14 +7,13 @@ from typing import Optional
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from mesh_tensorflow._core.dims import Shape, anonymous_shape, convert_to_dimension, convert_to_shape
+from mesh_tensorflow._core.dims import Shape, convert_to_dimension, convert_to_shape
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._lowering.laid_out import dtype_of
-from mesh_tensorflow._ops import reshape as reshape_ops
 
 __all__ = [
-    "ImportOperation", "import_tf_tensor", "import_fully_replicated", "ImportLaidOutTensorOperation",
+    "ImportOperation", "import_tf_tensor", "ImportLaidOutTensorOperation",
     "import_laid_out_tensor", "Constant", "constant", "zeros", "zeros_like", "ones", "ones_like",
     "RangeOperation", "mtf_range",
 ]
@@ -48,12 +47,6 @@ def import_tf_tensor(mesh, tf_tensor, shape=None, name: Optional[str] = None) ->
       raise ValueError(f"import_tf_tensor: a shape is needed for the non-scalar {tf_tensor}.")
     shape = Shape([])
   return ImportOperation(mesh, tf_tensor, convert_to_shape(shape), name=name).outputs[0]
-
-
-def import_fully_replicated(mesh, tf_tensor, shape, name: Optional[str] = None) -> Tensor:
-  """Imports without splitting (anonymous dims), then lays out inside mtf with a reshape."""
-  shape = convert_to_shape(shape)
-  return reshape_ops.reshape(import_tf_tensor(mesh, tf_tensor, anonymous_shape(shape), name), shape)
 
 
 class ImportLaidOutTensorOperation(Operation):

@@ -1,4 +1,4 @@
-"""Reductions over named dimensions: sum, mean, max, min, all, any, logsumexp and softmax.
+"""Reductions over named dimensions (sum, mean, max, min, all, any) and their adjoint, broadcast.
 
 Reducing a dimension that is split over a mesh dimension leaves one partial result per processor
 along it; SUM combines them with a lazy allreduce (so consecutive partial sums share one), MAX and
@@ -16,13 +16,11 @@ from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._lowering.tf_helpers import reduction_fn
 from mesh_tensorflow._ops import _checks as checks
-from mesh_tensorflow._ops import binary as binary_ops
-from mesh_tensorflow._ops import control as control_ops
 from mesh_tensorflow._ops import elementwise as elementwise_ops
 
 __all__ = [
     "ReduceOperation", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_all",
-    "reduce_any", "reduce_logsumexp", "log_softmax", "softmax",
+    "reduce_any", "BroadcastOperation", "broadcast",
 ]
 
 _REDUCTIONS = ("SUM", "MAX", "MIN")
@@ -49,9 +47,12 @@ class ReduceOperation(Operation):
     dy = grad_ys[0]
     x, y = self.inputs[0], self.outputs[0]
     if self._reduction_fn_string == "SUM":
-      return [binary_ops.broadcast(dy, x.shape)]
+      return [broadcast(dy, x.shape)]
     # MAX / MIN: the gradient flows to every position equal to the result (ties all get it).
-    return [elementwise_ops.cast(binary_ops.equal(x, y), x.dtype) * dy]
+    is_extremum = elementwise_ops.slicewise(
+        lambda a, b: tf.cast(tf.equal(a, b), a.dtype), [x, broadcast(y, x.shape)],
+        splittable_dims=x.shape.dims, grad_function=0, name="is_extremum")
+    return [is_extremum * dy]
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
@@ -163,37 +164,30 @@ def reduce_any(x: Tensor, disable_positional_args=None, output_shape=None, reduc
                  name=name), tf.bool)
 
 
-def reduce_logsumexp(x: Tensor, reduced_dim, extra_logit=None, name: Optional[str] = None) -> Tensor:
-  """log(sum(exp(x))) over reduced_dim, computed stably by subtracting the maximum first.
+class BroadcastOperation(Operation):
+  """x broadcast to `output_shape`, a superset of its dimensions in any order."""
 
-  `extra_logit` (a scalar or a Tensor without reduced_dim) acts as one more logit in the sum.
-  The maximum goes through stop_gradient: it cancels out mathematically, so it carries no gradient
-  (extra_logit itself does get its gradient, through its term of the sum).
-  """
-  reduced_dim = convert_to_dimension(reduced_dim)
-  _check_reduced_dim_in(x, reduced_dim, "reduce_logsumexp")
-  with tf.variable_scope(name, default_name="reduce_logsumexp"):
-    reduced_shape = x.shape - reduced_dim
-    max_logit = reduce_max(control_ops.stop_gradient(x), output_shape=reduced_shape)
-    if extra_logit is not None:
-      stopped = (control_ops.stop_gradient(extra_logit) if isinstance(extra_logit, Tensor)
-                 else extra_logit)
-      max_logit = binary_ops.maximum(max_logit, stopped)
-    sum_exp_x = reduce_sum(elementwise_ops.exp(x - max_logit), output_shape=reduced_shape)
-    if extra_logit is not None:
-      sum_exp_x += elementwise_ops.exp(extra_logit - max_logit)
-    return elementwise_ops.log(sum_exp_x) + max_logit
+  def __init__(self, x: Tensor, output_shape: Shape, name: Optional[str] = None):
+    checks.check_output_has_input_dims(name or "broadcast", [x], output_shape)
+    super().__init__([x], name=name or "broadcast")
+    self._outputs = [Tensor(self, output_shape, x.dtype)]
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
+
+  def gradient(self, grad_ys):
+    return [reduce_sum(grad_ys[0], output_shape=self.inputs[0].shape)]
+
+  def lower(self, lowering):
+    x, y = self.inputs[0], self.outputs[0]
+    lowering.set_tensor_lowering(y, lowering.mesh_impl(self).broadcast_impl(
+        lowering.tensors[x], x.shape, y.shape))
 
 
-def log_softmax(x: Tensor, reduced_dim, extra_logit=None, name: Optional[str] = None) -> Tensor:
-  """x - logsumexp(x) over reduced_dim."""
-  return x - reduce_logsumexp(x, reduced_dim, extra_logit=extra_logit, name=name)
-
-
-def softmax(x: Tensor, reduced_dim, extra_logit=None, name: Optional[str] = None) -> Tensor:
-  """exp(log_softmax(x)) over reduced_dim."""
-  with tf.variable_scope(name, default_name="softmax"):
-    return elementwise_ops.exp(log_softmax(x, reduced_dim, extra_logit=extra_logit))
+def broadcast(x: Tensor, new_shape) -> Tensor:
+  """x with the dimensions of `new_shape` (x itself if the shapes are equal)."""
+  new_shape = convert_to_shape(new_shape)
+  if x.shape == new_shape:
+    return x
+  return BroadcastOperation(x, new_shape).outputs[0]
 
 
 # ---- checks (one rule each) ----

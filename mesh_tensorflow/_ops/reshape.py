@@ -16,9 +16,11 @@ from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._lowering import plan as plan_lib
 from mesh_tensorflow._ops import einsum as einsum_ops
+from mesh_tensorflow._ops import io as io_ops
 
 __all__ = [
     "ReshapeOperation", "reshape", "transpose", "rename_dimension", "replace_dimensions", "anonymize",
+    "import_fully_replicated",
 ]
 
 class ReshapeOperation(Operation):
@@ -83,6 +85,12 @@ def replace_dimensions(tensor_or_shape, old_dim_or_dims, new_dim_or_dims):
   dims = tensor_or_shape.dims
   pos = _check_consecutive_subsequence(dims, old_dims, tensor_or_shape)
   return Shape(dims[:pos] + new_dims + dims[pos + len(old_dims):])
+
+
+def import_fully_replicated(mesh, tf_tensor, shape, name: Optional[str] = None) -> Tensor:
+  """Imports without splitting (anonymous dims), then lays out inside mtf with a reshape."""
+  shape = convert_to_shape(shape)
+  return reshape(io_ops.import_tf_tensor(mesh, tf_tensor, anonymous_shape(shape), name), shape)
 
 
 def anonymize(x: Tensor) -> Tensor:

@@ -60,6 +60,15 @@ class _AlongOneDimOperation(Operation):
             f"must be whole on every processor")
 
 
+def _check_flat_paddings(what: str, paddings, dim_name: str) -> None:
+  """mtf pads one named dimension, so paddings is [before, after], not TF's list of pairs."""
+  if any(isinstance(p, (list, tuple)) for p in paddings):
+    raise ValueError(
+        f"{what}: paddings must be [before, after] for dimension {dim_name!r}, got the TF-style "
+        f"nested {paddings!r}; mtf pads one named dimension per call, e.g. "
+        f"mtf.pad(x, [1, 2], {dim_name!r}).")
+
+
 def _replace_dim(shape: Shape, axis: int, new_dim: Dimension) -> Shape:
   return Shape(shape.dims[:axis] + [new_dim] + shape.dims[axis + 1:])
 
@@ -114,6 +123,7 @@ class PadOperation(_AlongOneDimOperation):
 
   def __init__(self, x: Tensor, paddings: Sequence[int], pad_dim_name: str, name: Optional[str] = None):
     what = f"pad {_next_name(x, name or 'pad')!r}"
+    _check_flat_paddings(what, paddings, pad_dim_name)
     paddings = [operator.index(p) for p in paddings]
     if len(paddings) != 2 or min(paddings) < 0:
       raise ValueError(f"{what}: paddings must be [before, after] with both >= 0, got {paddings}.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import numpy as np
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._core.dims import Shape, convert_to_shape
@@ -52,6 +53,7 @@ class Variable(Operation):
     super().__init__([], mesh, name="name_will_be_set_later")
     if not isinstance(dtype, VariableDType):
       raise ValueError(f"Variable {name!r}: dtype must be an mtf.VariableDType, got {dtype!r}.")
+    _check_initializer_size(name, shape, initializer)
     self._variable_dtype = dtype
     self._trainable = trainable
     self._create_master(mesh, name, shape, initializer, trainable, **kwargs)
@@ -122,6 +124,27 @@ class Variable(Operation):
     return tf.assign(self._master, val)
 
 
+def _check_initializer_size(name: str, shape: Shape, initializer) -> None:
+  """A constant initializer's value must be a scalar or have one element per variable element."""
+  value = getattr(initializer, "value", None)
+  if value is None:
+    return
+  num_elements = value.shape.num_elements() if tf.is_tensor(value) else np.size(value)
+  if num_elements not in (None, 1, shape.size):
+    raise ValueError(
+        f"Variable {name!r} of {shape} has {shape.size} elements, but its initializer's value has "
+        f"{num_elements}; give a scalar or a value with {shape.size} elements (in the order of "
+        f"the dims {shape.dimension_names}).")
+
+
+def _check_reused_shape(full_name: str, existing: Variable, shape: Shape) -> None:
+  if shape != existing.shape:
+    raise ValueError(
+        f"get_variable {full_name!r}: a variable of that name already exists with {existing.shape}, "
+        f"but {shape} was asked for. Use another name or variable scope for a new variable, or "
+        f"ask for the same shape to reuse it.")
+
+
 def get_variable(mesh, name: str, shape, dtype=tf.float32, master_dtype=None, slice_dtype=None,
                  activation_dtype=None, initializer=None, trainable: bool = True, **kwargs) -> Tensor:
   """Creates (or reuses, by full scoped name) a Variable and returns its output Tensor."""
@@ -137,9 +160,12 @@ def get_variable(mesh, name: str, shape, dtype=tf.float32, master_dtype=None, sl
   if initializer is None:
     tf.logging.warning("Using the default glorot_uniform_initializer for variable %s; it guesses "
                        "fan-in and fan-out from the dimension order.", full_name)
+  shape = convert_to_shape(shape)
   if full_name in mesh.graph.name_to_variable:
-    return mesh.graph.name_to_variable[full_name].outputs[0]
-  var = Variable(mesh, name, convert_to_shape(shape), dtype, initializer, trainable, **kwargs)
+    existing = mesh.graph.name_to_variable[full_name]
+    _check_reused_shape(full_name, existing, shape)
+    return existing.outputs[0]
+  var = Variable(mesh, name, shape, dtype, initializer, trainable, **kwargs)
   if var.name != full_name:
     raise ValueError(
         f"Variable {full_name!r} was created as {var.name!r}: the TF graph already holds a "

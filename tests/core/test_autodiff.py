@@ -135,3 +135,31 @@ def test_gradient_ops_are_named_under_the_forward_op_nested_in_the_graphs_scope(
   assert exp_name == "model/exp"
   # tf.variable_scope(op.name + "/gradients") inside graph.captured_variable_scope, as upstream.
   assert any(name.startswith("model/model/exp/gradients/") for name in names), names
+
+
+def _second_order_through(kind):
+  """d/dx of sum(first-order gradient), where that gradient is computed by a `kind` op."""
+  mesh = mtf.Mesh(mtf.Graph(), "m")
+  x = mtf.zeros(mesh, "b:2;h:4;w:4;c:3")
+  if kind == "conv":
+    f = mtf.zeros(mesh, "fh:2;fw:2;c:3;o:5")
+    y = mtf.Conv2dOperation(x, f, None, "SAME").outputs[0]
+    (grad,) = mtf.gradients([mtf.reduce_sum(y * y)], [f])
+  elif kind == "pool":
+    y = mtf.PoolOperation(x, [2, 2], [2, 2], "MAX_2D").outputs[0]
+    (grad,) = mtf.gradients([mtf.reduce_sum(y * y)], [x])
+  else:
+    y = mtf.slicewise(tf.exp, [x], splittable_dims=x.shape.dims)
+    (grad,) = mtf.gradients([mtf.reduce_sum(y)], [x])
+  return grad.operation, lambda: mtf.gradients([mtf.reduce_sum(grad)], [x])
+
+
+@pytest.mark.parametrize("kind, op_class", [
+    ("conv", "Conv2or3dBackpropFilterOperation"), ("pool", "PoolBackPropOperation"),
+    ("generic", "GenericGradOperation")])
+def test_second_order_gradient_through_a_gradient_op_raises_naming_it(kind, op_class):
+  grad_op, second_order = _second_order_through(kind)
+  assert type(grad_op).__name__ == op_class
+  with pytest.raises(mtf.GradientNotImplementedError,
+                     match=f"{op_class} '{grad_op.name}' has no gradient.*second-order.*stop_gradient"):
+    second_order()
