@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gin
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -223,3 +224,23 @@ def test_bitransformer_funnel_needs_a_funnel_encoder():
   ids = mtf.ones(mesh, "batch:%d;length:%d" % (BATCH, LENGTH), tf.int32)
   with pytest.raises(ValueError, match="use a FunnelTransformerLayerStack"):
     model.call_simple(ids, ids, True, variable_dtype=VDTYPE)
+
+
+def test_gin_builds_a_funnel_encoder_stack_with_make_layer_stack():
+  gin.parse_config("""
+      import mesh_tensorflow.transformer.funnel_transformer
+      transformer.make_layer_stack.layer_stack_cls = @funnel_transformer.FunnelTransformerLayerStack
+      transformer.make_layer_stack.num_layers = 2
+      funnel_transformer.FunnelTransformerLayerStack.n_blocks = 2
+      funnel_transformer.FunnelTransformerLayerStack.block_param_size = [1, 1]
+      funnel_transformer.FunnelTransformerLayerStack.block_repeat_size = [1, 1]
+      funnel_transformer.FunnelTransformerLayerStack.n_submodules = 1
+  """)
+  try:
+    stack = transformer.make_layer_stack(layers=[_Affine])
+  finally:
+    gin.clear_config()
+  assert isinstance(stack, funnel_transformer.FunnelTransformerLayerStack) and len(stack.layers) == 2
+  mesh = mtf.Mesh(mtf.Graph(), "my_mesh")
+  y = stack.call(_context(_model(stack), mesh), mtf.zeros(mesh, X_SHAPE))
+  assert y.shape.to_integer_list == [BATCH, LENGTH // 2, D_MODEL]
