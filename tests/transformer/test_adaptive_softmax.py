@@ -9,7 +9,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import adaptive_softmax
+from mesh_tensorflow.transformer import adaptive_softmax, transformer, transformer_layers
 from tests.harness import lower_and_evaluate
 from tests.layers.layer_check import check_layer
 
@@ -148,3 +148,31 @@ def test_loss_fn_needs_the_adaptive_embedding_in_shared_params():
 def test_bad_clusters_raise_value_error(clusters, message):
   with pytest.raises(ValueError, match=message):
     _make(mtf.Mesh(mtf.Graph(), "my_mesh"), clusters)
+
+
+def test_unitransformer_training_loss_equals_eval_cross_entropy_of_its_log_probabilities():
+  """In "train" the model's logits are hidden states scored by adaptive_softmax_loss_fn; in "eval"
+  they are full log-probabilities scored by the ordinary cross-entropy: the losses agree."""
+  layer = transformer_layers.DenseReluDense(hidden_size=8)
+  layer.set_name("layer_000")
+  model = transformer.Unitransformer(
+      layer_stack=transformer.LayerStack([layer]), d_model=D_MODEL, input_vocab_size=VOCAB,
+      output_vocab_size=VOCAB, autoregressive=True, max_length=LENGTH, vocab_divisor=VOCAB, z_loss=0.0,
+      shared_embedding_and_softmax_weights=True, loss_fn=adaptive_softmax.adaptive_softmax_loss_fn)
+
+  def build(mesh):
+    targets = mtf.import_tf_tensor(mesh, tf.constant(TARGETS), TARGETS_SHAPE)
+    inputs = transformer.autoregressive_inputs(targets)
+    with tf.variable_scope("transformer"):
+      embedding = _make(mesh)
+    losses = []
+    for mode in ("train", "eval"):
+      model.loss_fn = adaptive_softmax.adaptive_softmax_loss_fn if mode == "train" else None
+      _, loss = model.call_simple(inputs, targets, True, mode=mode, variable_dtype=VDTYPE,
+                                  shared_params={"embedding": embedding})
+      losses.append(loss)
+    return losses
+
+  train_loss, eval_loss = lower_and_evaluate(build)
+  np.testing.assert_allclose(train_loss, eval_loss, rtol=1e-5)
+  assert train_loss > 0
