@@ -5,12 +5,13 @@ from __future__ import annotations
 import types
 from unittest import mock
 
+import gin
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import vocab_embeddings
+from mesh_tensorflow.transformer import transformer, transformer_layers, vocab_embeddings
 from tests.harness import lower_and_evaluate
 from tests.layers.layer_check import check_layer, shape_keyed_initializer
 
@@ -203,3 +204,34 @@ def test_mixtape_noise_and_dropout_apply_only_in_training():
 def test_mixtape_rejects_bad_fractions():
   with pytest.raises(ValueError, match="frequent_token_fraction=1.5"):
     _embedding_values(_build(vocab_embeddings.Mixtape, gate_embedding_size=3, frequent_token_fraction=1.5))
+
+
+@pytest.mark.parametrize("binding,names", [
+    ("get_vocab_embedding_cls.cls = @vocab_embeddings.FactorizedVocabEmbedding\n"
+     "vocab_embeddings.FactorizedVocabEmbedding.inner_dimension_size = 2",
+     {"embedding1", "embedding2"}),
+    ("get_vocab_embedding_cls.cls = @vocab_embeddings.MixtureOfSoftmaxes\n"
+     "vocab_embeddings.MixtureOfSoftmaxes.num_softmaxes = 2",
+     {"embedding_embedding_weights", "embedding_mixture_weights", "embedding_context_weights"}),
+])
+def test_gin_selects_the_vocab_embedding_of_a_unitransformer(binding, names):
+  gin.parse_config("import mesh_tensorflow.transformer.vocab_embeddings\n" + binding)
+  try:
+    layer = transformer_layers.DenseReluDense(hidden_size=8)
+    layer.set_name("layer_000")
+    model = transformer.Unitransformer(
+        layer_stack=transformer.LayerStack([layer]), d_model=D_MODEL, input_vocab_size=VOCAB,
+        output_vocab_size=VOCAB, autoregressive=True, max_length=3, vocab_divisor=VOCAB,
+        shared_embedding_and_softmax_weights=True)
+
+    def build(mesh):
+      ids = mtf.import_tf_tensor(mesh, tf.constant(IDS), IDS_SHAPE)
+      logits, loss = model.call_simple(ids, ids, True, mode="eval", variable_dtype=VDTYPE)
+      found = {v.name.split("/")[-1] for v in mesh.graph.all_variables if v.name.count("/") == 1}
+      assert names <= found, found
+      return [logits, loss]
+
+    logits, loss = lower_and_evaluate(build)
+  finally:
+    gin.clear_config()
+  assert logits.shape == (4, 3, VOCAB) and np.isfinite(loss)
