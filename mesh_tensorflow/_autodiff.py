@@ -14,6 +14,15 @@ def gradients(ys, xs, grad_ys=None, operations=None) -> list:
   order; contributions reaching the same tensor are summed. `grad_ys` (default: ones) weights
   each y and must have its shape and dtype. An op without a gradient on the path raises
   GradientNotImplementedError naming it.
+
+  Args:
+    ys: mtf Tensors to differentiate (usually [loss]).
+    xs: mtf Tensors to differentiate with respect to, e.g. variables' outputs.
+    grad_ys: one weight per y, of its shape and dtype (default ones).
+    operations: the ops to walk (default all of the graph's).
+
+  Returns:
+    A list aligned with xs: mtf Tensors, or None where x does not reach any y.
   """
   graph = ys[0].graph
   if not grad_ys:

@@ -110,22 +110,43 @@ class Lowering:
           f"Lowering(graph, {{mesh: PlacementMeshImpl(shape, layout, devices)}}).") from None
 
   def export_to_tf_tensor(self, x):
-    """The whole value of mtf Tensor x as one TF tensor."""
+    """The whole value of an mtf Tensor as one TF tensor (its slices combined).
+
+    Args:
+      x: an mtf Tensor of the lowered graph.
+
+    Returns:
+      A tf.Tensor of shape x.shape.to_integer_list (an EagerTensor in eager mode).
+    """
     mesh_impl = self.mesh_impl(x)
     return mesh_impl.export_to_tf_tensor(x, self.tensors[x].to_laid_out_tensor())
 
   def lowered_operation(self, op):
+    """The TF op an mtf operation without outputs became (e.g. an optimizer's Assign).
+
+    Args:
+      op: an mtf Operation of the lowered graph, such as one returned by `apply_grads`.
+
+    Returns:
+      A TF operation to run, e.g. `tf.group([lowering.lowered_operation(u) for u in updates])`.
+    """
     return self.operations[op]
 
   def copy_masters_to_slices(self):
     """One op copying every master variable to its slices.
 
+    Run it after the masters are initialised or restored (saver.restore), before the first
+    step; mtf.MtfRestoreHook does it for MonitoredTrainingSession. In eager mode it runs at once.
     With MTF_SEQUENCE_MODE=1 the backends chain the copies (each waits for the previous one, to
     bound host memory), so the last copy stands for all of them.
     """
     return self._copies[0] if self._copies else self._build_copy_masters_to_slices()
 
   def copy_slices_to_masters(self):
+    """One op copying every variable's slices into its master: run it before saving a checkpoint.
+
+    In eager mode the copies run at once. Graph mode returns the op built during lowering.
+    """
     return self._copies[1] if self._copies else self._build_copy_slices_to_masters()
 
   def _build_copy_masters_to_slices(self):
@@ -142,6 +163,7 @@ class Lowering:
 
   @property
   def counters(self) -> list:
+    """(key, value) pairs recorded while lowering; see the class docstring and docs/layouts.md."""
     return self._counters
 
   def laid_out_size(self, tensor) -> int:

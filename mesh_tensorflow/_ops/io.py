@@ -40,7 +40,22 @@ class ImportOperation(Operation):
 
 
 def import_tf_tensor(mesh, tf_tensor, shape=None, name: Optional[str] = None) -> Tensor:
-  """Imports a TF tensor; `shape` None means a scalar."""
+  """Imports a TF tensor into the mtf graph, naming its dimensions.
+
+  Each processor gets its slice of the value, as the layout splits `shape`.
+
+  Args:
+    mesh: the mtf.Mesh to import onto.
+    tf_tensor: a tf.Tensor (or anything tf.convert_to_tensor takes).
+    shape: the mtf shape, one Dimension per axis of tf_tensor (sizes must agree); None for a scalar.
+    name: an optional op name.
+
+  Returns:
+    An mtf Tensor.
+
+  Example:
+    x = mtf.import_tf_tensor(mesh, tf_images, shape=[batch, pixels])
+  """
   tf_tensor = tf.convert_to_tensor(tf_tensor)
   if shape is None:
     if tf_tensor.shape.ndims != 0:

@@ -19,7 +19,14 @@ __all__ = [
 
 
 class VariableDType:
-  """Dtypes of a variable's three roles: checkpointed master, per-device slice, graph activation."""
+  """Dtypes of a variable's three roles: checkpointed master, per-device slice, graph activation.
+
+  Args:
+    master_dtype: the dtype of the master variable, which checkpoints hold.
+    slice_dtype: the dtype of each processor's slice, which training updates (default master's);
+      e.g. bfloat16 slices of a float32 master halve device memory.
+    activation_dtype: the dtype of the Tensor the graph reads (default master's).
+  """
 
   def __init__(self, master_dtype=tf.float32, slice_dtype=None, activation_dtype=None):
     self._master_dtype = master_dtype
@@ -147,7 +154,35 @@ def _check_reused_shape(full_name: str, existing: Variable, shape: Shape) -> Non
 
 def get_variable(mesh, name: str, shape, dtype=tf.float32, master_dtype=None, slice_dtype=None,
                  activation_dtype=None, initializer=None, trainable: bool = True, **kwargs) -> Tensor:
-  """Creates (or reuses, by full scoped name) a Variable and returns its output Tensor."""
+  """Creates (or reuses, by full scoped name) a Variable and returns its output Tensor.
+
+  The master variable is a `tf.get_variable` named after the current TF variable scope and
+  `name` (e.g. "encoder/w"), so checkpoints see that name; each processor gets a slice of it.
+
+  Args:
+    mesh: the mtf.Mesh the variable lives on.
+    name: the name within the current TF variable scope.
+    shape: an mtf.Shape, a list of Dimensions, or a string such as "d_model:512;d_ff:2048".
+    dtype: a tf.DType for all three roles, an mtf.VariableDType, or None to build one from the
+      three *_dtype arguments.
+    master_dtype: overrides the checkpointed master's dtype.
+    slice_dtype: overrides the dtype of the per-processor slices.
+    activation_dtype: overrides the dtype the graph reads.
+    initializer: a TF initializer for the master, e.g. tf.random_normal_initializer(stddev=0.02);
+      None logs a warning and uses TF's default (glorot_uniform, which guesses fan-in and fan-out
+      from the dimension order).
+    trainable: whether the variable is in graph.trainable_variables (optimizers update those).
+    **kwargs: passed on to tf.get_variable (e.g. collections).
+
+  Returns:
+    The variable's output mtf Tensor (activation dtype). `tensor.operation` is the mtf.Variable.
+
+  Raises:
+    ValueError: a bad dtype, a reused name with another shape, or an initializer of the wrong size.
+
+  Example:
+    w = mtf.get_variable(mesh, "w", [d_model, d_ff], initializer=tf.zeros_initializer())
+  """
   if dtype is None:
     dtype = VariableDType(master_dtype or tf.float32, slice_dtype, activation_dtype)
   elif isinstance(dtype, tf.DType):

@@ -14,6 +14,9 @@ import pytest
 import mesh_tensorflow as mtf
 
 FIRST_MET = [
+    mtf.Lowering, mtf.Lowering.export_to_tf_tensor, mtf.Lowering.lowered_operation,
+    mtf.Lowering.copy_masters_to_slices, mtf.Lowering.copy_slices_to_masters,
+    mtf.get_variable, mtf.VariableDType, mtf.import_tf_tensor, mtf.gradients,
     mtf.Mesh, mtf.einsum,
     mtf.placement_mesh_impl.PlacementMeshImpl,
     mtf.MtfRestoreHook, mtf.MtfCheckpointSaverListener,
