@@ -68,7 +68,7 @@ def _relative_attention_values(layer, context, heads_dims, buckets_dim: mtf.Dime
     return context.cache[cache_key]
   values = mtf.get_variable(context.mesh, "relative_attention_bias",
                             context.model.ensemble_dims + list(heads_dims or []) + [buckets_dim],
-                            dtype=context.variable_dtype)
+                            initializer=tf.glorot_uniform_initializer(), dtype=context.variable_dtype)
   if shared:
     context.cache[cache_key] = values
   return values
@@ -134,6 +134,9 @@ class SelfAttention(transformer.TransformerLayer):
                attention_func: Optional[str] = None, combine_dims: bool = True,
                keep_query_heads_dims: bool = False, fold_scaling_into_initializer: bool = True):
     _check_relative_attention_type(type(self).__name__, relative_attention_type)
+    if attention_func not in (None, "hybrid"):
+      raise ValueError(f"{type(self).__name__}: unknown attention_func {attention_func!r}; use None (softmax "
+                       f"attention) or 'hybrid'.")
     self.num_heads = num_heads
     self.num_memory_heads = num_memory_heads
     self.key_value_size = key_value_size
@@ -279,9 +282,10 @@ def relative_position_spans(context, num_sentinels: int = gin.REQUIRED,
   """
   if vocab_size is None:
     vocab_size = context.model.output_vocab_dim.size
-  if context.inputs is None or context.encoder_inputs is None:
+  if context.mode == "incremental" or context.inputs is None or context.encoder_inputs is None:
     raise ValueError("relative_position_spans needs context.inputs and context.encoder_inputs (the "
-                     "decoder and encoder token ids); it does not support incremental decoding.")
+                     "decoder and encoder token ids along their lengths); it does not support "
+                     "incremental decoding.")
 
   def span_counts(ids):
     is_sentinel = mtf.to_int32(mtf.greater_equal(ids, vocab_size - num_sentinels))

@@ -211,9 +211,15 @@ def test_contextual_relative_attention_adds_q_times_per_bucket_embedding():
   check_layer(build, reference, [(_x(), X_SHAPE)])
 
 
-def test_unknown_relative_attention_type_is_rejected():
+def test_unknown_relative_attention_type_or_attention_func_is_rejected():
   with pytest.raises(ValueError, match="relative_attention_type 'rotary'"):
     transformer_layers.SelfAttention(relative_attention_type="rotary")
+  with pytest.raises(ValueError, match="attention_func 'linear'"):
+    transformer_layers.SelfAttention(attention_func="linear")
+  with pytest.raises(ValueError, match="num_memory_heads=3 must divide num_heads=8"):
+    lower_and_evaluate(lambda mesh: [call_layer(transformer_layers.SelfAttention(num_memory_heads=3),
+                                                make_context(mtf.zeros(mesh, X_SHAPE), model_stub(D_MODEL)),
+                                                mtf.zeros(mesh, X_SHAPE))])
 
 
 def test_num_heads_that_the_layout_cannot_split_names_dimension_and_mesh_dim():
