@@ -69,6 +69,25 @@ def test_factorized_embedding_and_logits_with_fixed_initial_values():
   np.testing.assert_allclose(logits, HIDDEN / 2 @ factor2.T @ factor1.T, rtol=1e-5)
 
 
+def test_factorized_embedding_with_an_upstream_style_mock_initializer():
+  """Upstream's tests patch tf.random_normal_initializer to return a MagicMock called as (shape, dtype)."""
+  def initialize(shape, dtype):
+    values = {(3, 1): [[1], [2], [3]], (1, 2): [[1, 2]]}
+    return tf.reshape(tf.constant(values[tuple(shape)], dtype=dtype), shape)
+
+  initializer = mock.MagicMock(side_effect=initialize)
+  with mock.patch.object(tf, "random_normal_initializer", return_value=initializer):
+    def build(mesh):
+      ids = mtf.import_tf_tensor(mesh, tf.constant([0, 1, 2, 1]), "length:4")
+      embedding = vocab_embeddings.FactorizedVocabEmbedding(
+          mesh, mtf.Dimension("vocab", 3), mtf.Dimension("model", 2), VDTYPE, "embedding", None,
+          inner_dimension_size=1)
+      return [embedding.ids_to_embedding(ids, None)]
+
+    (embedded,) = lower_and_evaluate(build)
+  np.testing.assert_allclose(embedded, [[1, 2], [2, 4], [3, 6], [2, 4]])
+
+
 @pytest.mark.parametrize("mesh_shape,layout", LAYOUTS)
 def test_factorized_logits_and_gradients_match_tf(mesh_shape, layout):
   make = _build(vocab_embeddings.FactorizedVocabEmbedding, inner_dimension_size=2)
