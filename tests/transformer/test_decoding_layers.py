@@ -95,3 +95,31 @@ def test_decoding_a_non_causal_separable_convolution_is_rejected():
   x = RNG.randn(BATCH, LENGTH, D_MODEL).astype(np.float32)
   with pytest.raises(ValueError, match=r"causal filter .*\[-1, 1\]"):
     lower_and_evaluate(lambda mesh: _decode(mesh, layer, x))
+
+
+def test_greedy_sampling_through_a_unitransformer_of_these_layers_matches_its_full_pass():
+  """The layers' state protocol fits Unitransformer.sample_autoregressive (first_part, then a while loop)."""
+  layers = [transformer_layers.LocalSelfAttention(radius=2, num_heads=2, key_value_size=4),
+            transformer_layers.Conv1DLayer(filter_size=2, output_size=D_MODEL),
+            transformer_layers.SeparableConv1DLayer(min_relative_pos=-2, max_relative_pos=0,
+                                                    output_size=D_MODEL),
+            transformer_layers.DenseReluDense(hidden_size=8)]
+  for i, layer in enumerate(layers):
+    layer.set_name("layer_%03d" % i)
+  model = transformer.Unitransformer(
+      layer_stack=transformer.LayerStack(layers), d_model=D_MODEL, input_vocab_size=8, output_vocab_size=8,
+      autoregressive=True, max_length=LENGTH, vocab_divisor=8)
+
+  def build(mesh):
+    prompts = tf.constant(np.array([[3, 5, 0, 0, 0, 0], [4, 0, 0, 0, 0, 0]], np.int32))
+    partial = mtf.import_tf_tensor(mesh, prompts, "batch:2;length:6")
+    # stop_at_token 9 is outside the vocabulary: every position gets decoded.
+    decoded = model.sample_autoregressive(partial, stop_at_token=9, temperature=0.0,
+                                          variable_dtype=VARIABLE_DTYPE)
+    logits, _ = model.call_simple(transformer.autoregressive_inputs(decoded), None, False, mode="eval",
+                                  variable_dtype=VARIABLE_DTYPE)
+    return [decoded, mtf.argmax(logits, logits.shape.dims[-1])]
+  decoded, argmax = lower_and_evaluate(build)
+  np.testing.assert_array_equal(decoded[:, 0], [3, 4])
+  np.testing.assert_array_equal(decoded[0, 1:], [5] + list(argmax[0, 2:]))
+  np.testing.assert_array_equal(decoded[1, 1:], argmax[1, 1:])
