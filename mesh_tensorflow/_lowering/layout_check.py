@@ -30,10 +30,13 @@ def check_layout(graph: Graph, mesh_shape, layout_rules, mesh: Optional[Mesh] = 
   """
   mesh_shape = convert_to_shape(mesh_shape)
   layout_rules = convert_to_layout_rules(layout_rules)
+  valid_shapes = set()  # many tensors share a shape; each is checked once
   for op in _operations(graph, mesh):
     _check_splits_only_splittable_dims(op, mesh_shape, layout_rules)
     for t in op.outputs:
-      slice_shape(t.shape, mesh_shape, layout_rules)
+      if t.shape not in valid_shapes:
+        slice_shape(t.shape, mesh_shape, layout_rules)
+        valid_shapes.add(t.shape)
 
 
 def check_mesh_impls(graph: Graph, mesh_to_impl) -> None:
