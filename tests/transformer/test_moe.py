@@ -534,3 +534,23 @@ def test_experts_enc_dec_attention_gets_a_single_moe_query_projection():
 
   logits, loss = lower_and_evaluate(build)
   assert np.isfinite(logits).all() and np.isfinite(loss)
+
+
+def test_moe2d_layer_in_a_unitransformer_adds_its_loss():
+  layer = moe.MoE2D(expert_x=2, expert_y=2, hidden_size=HIDDEN, group_size=4, second_policy_train="all")
+  layer.set_name("layer_000")
+  model = transformer.Unitransformer(layer_stack=transformer.LayerStack([layer]), d_model=D_MODEL,
+                                     input_vocab_size=8, output_vocab_size=8, autoregressive=True,
+                                     max_length=LENGTH, vocab_divisor=8, z_loss=0.0)
+  ids = np.arange(BATCH * LENGTH).reshape(BATCH, LENGTH).astype(np.int32) % 7 + 1
+
+  def build(mesh):
+    t = mtf.import_tf_tensor(mesh, tf.constant(ids), "batch:4;length:4")
+    totals = []
+    for coef in (0.0, 1.0):  # the same variables (reused by name), with and without the MoE loss
+      layer._hparams.moe_loss_coef = coef
+      totals.append(model.call_simple(t, t, True, mode="train", variable_dtype=VDTYPE)[1])
+    return totals
+
+  without_moe_loss, with_moe_loss = lower_and_evaluate(build)
+  assert with_moe_loss - without_moe_loss > 0.1  # the outer and inner balance losses
