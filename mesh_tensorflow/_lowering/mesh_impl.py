@@ -17,7 +17,7 @@ import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._core.dims import Shape, convert_to_shape, list_product
 from mesh_tensorflow._core.layout import (
-    TensorLayout, convert_to_layout_rules, pnum_to_processor_coordinates)
+    TensorLayout, convert_to_layout_rules, pnum_to_processor_coordinates, slice_shape)
 from mesh_tensorflow._lowering.comm import shift_sources
 from mesh_tensorflow._lowering.lazy import compatible_lazy_allreduce_sums
 from mesh_tensorflow._lowering.tf_helpers import parallel
@@ -97,21 +97,7 @@ class MeshImpl:
 
   def slice_shape(self, tensor_shape: Shape) -> list:
     """Per-processor shape of a tensor; ValueError naming the dimension if a split is uneven."""
-    layout = self.tensor_layout(tensor_shape)
-    ret = []
-    for dim, mesh_axis in zip(tensor_shape, layout):
-      if mesh_axis is None:
-        ret.append(dim.size)
-        continue
-      mesh_dim = self._shape[mesh_axis]
-      if dim.size % mesh_dim.size:
-        raise ValueError(
-            f"Tensor dimension {dim.name!r} (size {dim.size}) of {tensor_shape} is split over mesh "
-            f"dimension {mesh_dim.name!r} (size {mesh_dim.size}), which does not divide it. "
-            f"Change the layout rule {dim.name}:{mesh_dim.name}, or make {dim.name!r} a "
-            f"multiple of {mesh_dim.size}.")
-      ret.append(dim.size // mesh_dim.size)
-    return ret
+    return slice_shape(tensor_shape, self._shape, self._layout_rules)
 
   def slice_begin(self, tensor_shape: Shape, pnum: int) -> list:
     layout = self.tensor_layout(tensor_shape)
