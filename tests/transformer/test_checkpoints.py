@@ -131,6 +131,23 @@ def test_missing_variables_are_an_error_except_when_warm_starting(tmp_path):
                                     tf.train.load_checkpoint(path).get_tensor("layer_2/kernel"))
 
 
+def test_warm_starting_maps_names_and_skips_filtered_variables(tmp_path):
+  train_and_save(str(tmp_path), steps=[1])
+  path = str(tmp_path / "model.ckpt-1")
+  reader = tf.train.load_checkpoint(path)
+  with tf.Graph().as_default():
+    renamed = tf.get_variable("student/layer_1/kernel", [4, 8], initializer=tf.zeros_initializer())
+    skipped = tf.get_variable("student/layer_2/kernel", [8, 1], initializer=tf.zeros_initializer())
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      found = checkpoints.restore_available(sess, path, [renamed, skipped],
+                                            checkpoint_name=lambda n: n.replace("student/", ""),
+                                            should_load=lambda n: "layer_2" not in n)
+      assert found == [renamed]
+      np.testing.assert_array_equal(sess.run(renamed), reader.get_tensor("layer_1/kernel"))
+      np.testing.assert_array_equal(sess.run(skipped), np.zeros([8, 1]))
+
+
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint_latest_and_intact(tmp_path):
   script = textwrap.dedent(f"""
       import os

@@ -9,12 +9,9 @@ import gin
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
-from absl import app
 
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer._train import checkpoints, progress
-from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
-from mesh_tensorflow.transformer.main import resolve_gin_files
 from tests.transformer import tiny_run
 
 
@@ -66,6 +63,9 @@ def test_train_then_perplexity_eval_then_infer_then_score_and_export(tmp_path, c
     gin.bind_parameter("utils.score_from_strings.targets", ["line 1: the quick", "zzzz qqqq xxxx"])
   scores = run(model_dir, "score_from_strings", eval_checkpoint_step=6)[6]
   assert len(scores) == 2 and all(s < 0 for s in scores)
+  heldout_scores = run(model_dir, "score_from_dataset", dataset_split="validation", eval_checkpoint_step=6)[6]
+  assert len(heldout_scores) == result["examples"]
+  np.testing.assert_allclose(-sum(heldout_scores) / result["tokens"], result["loss"], rtol=1e-5)
 
   export_dir = run(model_dir, "export_infer", export_path=str(tmp_path / "export"))
   assert export_dir == str(tmp_path / "export" / "6")
@@ -116,11 +116,3 @@ def test_bad_configurations_fail_before_any_training_step(tmp_path, corpus, bind
     utils.run(tpu_job_name=None, tpu=None, gcp_project=None, tpu_zone=None, model_dir=str(tmp_path))
   assert not checkpoints.list_checkpoints(str(tmp_path))
   assert not progress.read_scalars(str(tmp_path), "loss")
-
-
-def test_a_missing_gin_file_is_named_with_the_places_searched(tmp_path):
-  with pytest.raises(app.UsageError, match=r"--gin_file=models/nope.gin: no such file \(looked in the "
-                                           r"current directory and in .*\); .*--gin_location_prefix"):
-    resolve_gin_files(["models/nope.gin"], [str(tmp_path), packaged_gin_dir()])
-  assert resolve_gin_files(["layouts/single.gin"], [str(tmp_path), packaged_gin_dir()]) == [
-      os.path.join(packaged_gin_dir(), "layouts", "single.gin")]

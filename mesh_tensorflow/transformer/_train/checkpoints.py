@@ -18,7 +18,7 @@ import glob
 import os
 import re
 import signal
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import tensorflow.compat.v1 as tf
 
@@ -76,32 +76,31 @@ def remove_partial_saves(model_dir: str) -> list:
   return leftovers
 
 
-def check_checkpoint_matches(path: str, variables: Sequence, allow_missing: bool = False) -> list:
-  """Checks that checkpoint `path` holds each variable with the variable's shape.
+def _check_shape(path: str, checkpoint_shapes: dict, checkpoint_name: str, var) -> None:
+  model_shape, saved_shape = var.shape.as_list(), list(checkpoint_shapes[checkpoint_name])
+  if saved_shape != model_shape:
+    raise CheckpointMismatchError(
+        f"Checkpoint {path} holds variable {checkpoint_name!r} with shape {saved_shape}, but the "
+        f"model's {var.op.name!r} has shape {model_shape}. The checkpoint is from a different "
+        f"model: use another model_dir, or the gin configuration that wrote it.")
 
-  Returns the variables found in the checkpoint. Raises CheckpointMismatchError naming the variable
-  and both shapes on a shape mismatch, and (unless allow_missing) naming missing variables.
+
+def check_checkpoint_matches(path: str, variables: Sequence) -> None:
+  """Checks that checkpoint `path` holds each variable under its name, with its shape.
+
+  Raises CheckpointMismatchError naming the variable and both shapes on a shape mismatch, or
+  naming the variables the checkpoint lacks.
   """
   shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-  found, missing = [], []
+  missing = [v.op.name for v in variables if v.op.name not in shapes]
   for var in variables:
-    name = var.op.name
-    if name not in shapes:
-      missing.append(name)
-      continue
-    model_shape = var.shape.as_list()
-    if list(shapes[name]) != model_shape:
-      raise CheckpointMismatchError(
-          f"Checkpoint {path} holds variable {name!r} with shape {list(shapes[name])}, but the model's "
-          f"{name!r} has shape {model_shape}. The checkpoint is from a different model: use another "
-          f"model_dir, or the gin configuration that wrote it.")
-    found.append(var)
-  if missing and not allow_missing:
+    if var.op.name in shapes:
+      _check_shape(path, shapes, var.op.name, var)
+  if missing:
     raise CheckpointMismatchError(
         f"Checkpoint {path} lacks {len(missing)} of the model's variables, e.g. {missing[:3]}. It was "
         f"written by a different model: use another model_dir, or pass it as init_checkpoint to "
         f"load only the variables it has.")
-  return found
 
 
 def _write_atomically(path: str, text: str) -> None:
@@ -174,12 +173,21 @@ class CheckpointManager:
     self._saver.restore(session, path)
 
 
-def restore_available(session, path: str, variables: Sequence) -> list:
-  """Restores the variables `path` holds (shapes checked), leaving the others as they are.
+def restore_available(session, path: str, variables: Sequence,
+                      checkpoint_name: Callable[[str], str] = lambda name: name,
+                      should_load: Callable[[str], bool] = lambda name: True) -> list:
+  """Restores each variable that should_load(name) selects and `path` holds under
+  checkpoint_name(name) (shapes checked), leaving the others as they are.
 
   This is how `init_checkpoint` warm-starts a model from another one. Returns the restored ones.
   """
-  found = check_checkpoint_matches(path, variables, allow_missing=True)
-  if found:
-    tf.train.Saver(found).restore(session, path)
-  return found
+  shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+  mapping = {}
+  for var in variables:
+    name = checkpoint_name(var.op.name)
+    if should_load(var.op.name) and name in shapes:
+      _check_shape(path, shapes, name, var)
+      mapping[name] = var
+  if mapping:
+    tf.train.Saver(mapping).restore(session, path)
+  return list(mapping.values())

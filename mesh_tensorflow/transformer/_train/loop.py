@@ -18,6 +18,7 @@ import gin
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow.transformer._train import checkpoints, inputs, model_fn, progress
+from mesh_tensorflow.transformer._utils import checkpoint_selection
 
 # Graph-level seed: initial weights (and sampling) are the same in every run and under every
 # layout, which makes runs comparable and resumed runs exact.
@@ -62,7 +63,10 @@ def initialize_and_restore(session, lowering, checkpoint: Optional[str], manager
       checkpoints.check_checkpoint_matches(checkpoint, _model_variables())
       tf.train.Saver(_model_variables()).restore(session, checkpoint)
   elif init_checkpoint:
-    found = checkpoints.restore_available(session, init_checkpoint, _model_variables())
+    found = checkpoints.restore_available(
+        session, init_checkpoint, _model_variables(),
+        checkpoint_name=checkpoint_selection.init_checkpoint_variable_mapping,
+        should_load=checkpoint_selection.should_load_variable)
     print_fn(f"Initialised {len(found)} variables from init_checkpoint {init_checkpoint}.")
   session.run(copy_in)
 

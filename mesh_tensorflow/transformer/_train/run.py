@@ -16,12 +16,16 @@ import gin
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import dataset as dataset_lib, learning_rate_schedules, utils
+from mesh_tensorflow.transformer import dataset as dataset_lib, learning_rate_schedules
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer._train import checkpoints, decode, export, inputs, loop, model_fn
 from mesh_tensorflow.transformer._train import eval as eval_lib
+from mesh_tensorflow.transformer._utils import GIN_MODULE
+from mesh_tensorflow.transformer._utils.checkpoint_selection import get_checkpoint_iterator
+from mesh_tensorflow.transformer._utils.mesh_sizes import (
+    auto_train_steps, compute_batch_size, get_variable_dtype)
+from mesh_tensorflow.transformer._utils.models import build_model
 
-GIN_MODULE = "mesh_tensorflow.transformer.utils"
 MODES = ("train", "perplexity_eval", "eval", "score_eval", "infer", "score_from_strings",
          "score_from_dataset", "export_score", "export_infer", "export")
 
@@ -99,9 +103,11 @@ def _eval_datasets(eval_dataset_fn, train_dataset_fn, sequence_length, vocabular
   return [dataset_lib.EvalDataset(name=dataset_split, dataset_fn=fn, postprocess_fn=None, metric_fns=[])]
 
 
-def _checkpoints_to_evaluate(step, model_dir: str) -> list:
-  paths = list(utils.get_checkpoint_iterator(step, model_dir))
-  if not paths:
+def _checkpoints_to_evaluate(step, model_dir: str):
+  """get_checkpoint_iterator's paths; with step None a generator that waits for new checkpoints
+  (continuous evaluation, as upstream), else a non-empty list."""
+  paths = get_checkpoint_iterator(step, model_dir)
+  if isinstance(paths, list) and not paths:
     raise ValueError(f"No checkpoint in {model_dir} to evaluate (eval_checkpoint_step={step!r}); "
                      f"train first.")
   return paths
@@ -110,7 +116,7 @@ def _checkpoints_to_evaluate(step, model_dir: str) -> list:
 def _resolve_batch_size(batch_size, sequence_length, mesh_shape, layout_rules) -> int:
   if isinstance(batch_size, int):
     return batch_size
-  return utils.compute_batch_size(sequence_length, mesh_shape, layout_rules, batch_size)
+  return compute_batch_size(sequence_length, mesh_shape, layout_rules, batch_size)
 
 
 @gin.configurable(module=GIN_MODULE)
@@ -118,7 +124,7 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
         train_dataset_fn=None, eval_dataset_fn=None, dataset_split="train", autostack=True,
         eval_checkpoint_step=None, export_checkpoint_step=None, export_path="", mode="train",
         iterations_per_loop=100, save_checkpoints_steps=5000, keep_checkpoint_max=None, eval_summary_dir=None,
-        batch_size=("tokens_per_replica", 2048), train_steps=None, total_run_steps=None,
+        batch_size=("tokens_per_replica", 2048), train_steps=auto_train_steps, total_run_steps=None,
         sequence_length=None, mesh_shape=gin.REQUIRED, mesh_devices=None, layout_rules=gin.REQUIRED,
         learning_rate_schedule=None, optimizer=None, predict_fn=None, variable_filter=None,
         perplexity_eval_steps=100, init_checkpoint=None, ensemble_inputs=None, train_model_fn=train_model,
@@ -147,9 +153,7 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
   mesh_shape, layout_rules = mtf.convert_to_shape(mesh_shape), mtf.convert_to_layout_rules(layout_rules)
   mesh_devices = model_fn.mesh_devices_or_default(mesh_shape, mesh_devices)
   batch_size = _resolve_batch_size(batch_size, sequence_length, mesh_shape, layout_rules)
-  if train_steps is None:
-    train_steps = utils.auto_train_steps(batch_size, sequence_length)
-  elif callable(train_steps):
+  if callable(train_steps):
     train_steps = train_steps(batch_size, sequence_length)
   if isinstance(learning_rate_schedule, list):
     learning_rate_schedule = functools.partial(learning_rate_schedules.product_learning_rate,
@@ -157,11 +161,11 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
   if callable(learning_rate_schedule):
     learning_rate_schedule = functools.partial(learning_rate_schedule,
                                                total_train_steps=total_run_steps or train_steps)
-  model = utils.build_model(model_type=model_type,
-                            input_vocab_size=vocabulary_lib.inputs_vocabulary(vocabulary).vocab_size,
-                            output_vocab_size=vocabulary_lib.targets_vocabulary(vocabulary).vocab_size,
-                            layout_rules=layout_rules, mesh_shape=mesh_shape)
-  variable_dtype = utils.get_variable_dtype()
+  model = build_model(model_type=model_type,
+                      input_vocab_size=vocabulary_lib.inputs_vocabulary(vocabulary).vocab_size,
+                      output_vocab_size=vocabulary_lib.targets_vocabulary(vocabulary).vocab_size,
+                      layout_rules=layout_rules, mesh_shape=mesh_shape)
+  variable_dtype = get_variable_dtype()
   runner = loop.ModelRunner(model=model, mesh_shape=mesh_shape, layout_rules=layout_rules,
                             batch_size=batch_size, sequence_length=sequence_length,
                             variable_dtype=variable_dtype, mesh_devices=mesh_devices, autostack=autostack)
