@@ -54,12 +54,13 @@ def test_mesh_on_a_tf_graph():
 
 @pytest.mark.parametrize("mesh_to_impl, match", [
     ("impl", r"mesh_to_impl, a dict \{mtf.Mesh: MeshImpl\}, got a PlacementMeshImpl"),
-    ("reversed", "keys must be mtf.Mesh objects"),
+    ("reversed", "must map mtf.Mesh objects to MeshImpls, got <.*PlacementMeshImpl object"),
+    ("not an impl", r"must map mtf.Mesh objects to MeshImpls, got Mesh\('mesh'\): 'not an impl'"),
 ])
 def test_lowering_without_the_mesh_to_impl_dict(mesh, mesh_to_impl, match):
   mtf.zeros(mesh, "a:2")
   impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "", cpu_devices(2))
-  arg = impl if mesh_to_impl == "impl" else {impl: mesh}
+  arg = {"impl": impl, "reversed": {impl: mesh}}.get(mesh_to_impl, {mesh: mesh_to_impl})
   with pytest.raises(TypeError, match=match + r".*mtf.Lowering\(graph, \{mesh: mesh_impl\}\)"):
     mtf.Lowering(mesh.graph, arg)
 

@@ -74,8 +74,8 @@ def _check_is_mesh_to_impl(mesh_to_impl) -> None:
     raise TypeError(
         f"Lowering needs mesh_to_impl, a dict {{mtf.Mesh: MeshImpl}}, got a "
         f"{type(mesh_to_impl).__name__}; write mtf.Lowering(graph, {{mesh: mesh_impl}}).")
-  for mesh in mesh_to_impl:
-    if not isinstance(mesh, Mesh):
+  for mesh, impl in mesh_to_impl.items():
+    if not isinstance(mesh, Mesh) or not (hasattr(impl, "shape") and hasattr(impl, "layout_rules")):
       raise TypeError(
-          f"mesh_to_impl keys must be mtf.Mesh objects, got {mesh!r}; write "
+          f"mesh_to_impl must map mtf.Mesh objects to MeshImpls, got {mesh!r}: {impl!r}; write "
           f"mtf.Lowering(graph, {{mesh: mesh_impl}}).")
