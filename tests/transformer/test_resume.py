@@ -12,7 +12,7 @@ import numpy as np
 from mesh_tensorflow.transformer._train import checkpoints, progress
 from tests.transformer import tiny_run
 
-STEPS = ["utils.run.train_steps = 30", "utils.run.save_checkpoints_steps = 5"]
+STEPS = tiny_run.TWO_DEVICES + ["utils.run.train_steps = 30", "utils.run.save_checkpoints_steps = 5"]
 
 
 def run_main(model_dir, corpus):

@@ -28,7 +28,7 @@ def run(model_dir, mode, **kwargs):
 
 
 def test_train_then_perplexity_eval_then_infer_then_score_and_export(tmp_path, corpus, capsys):
-  tiny_run.configure_gin(corpus)
+  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES)
   model_dir = tmp_path / "model"
   trained = run(model_dir, "train")
   out = capsys.readouterr().out
@@ -78,9 +78,9 @@ def test_train_then_perplexity_eval_then_infer_then_score_and_export(tmp_path, c
 
 
 def test_a_checkpoint_of_a_different_model_is_refused_naming_the_variable_and_shapes(tmp_path, corpus):
-  tiny_run.configure_gin(corpus, ["utils.run.train_steps = 3"])
+  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.train_steps = 3"])
   run(tmp_path, "train")
-  tiny_run.configure_gin(corpus, ["utils.run.train_steps = 4", "d_ff = 64"])
+  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.train_steps = 4", "d_ff = 64"])
   with pytest.raises(checkpoints.CheckpointMismatchError,
                      match=r"DenseReluDense/wi/kernel' with shape \[16, 32\].*has shape \[16, 64\]"):
     run(tmp_path, "train")
