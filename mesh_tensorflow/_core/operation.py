@@ -38,12 +38,12 @@ class Operation:
         self._initialize_splittable_and_unsplittable_dims("splittable"))
     assert name is not None, "every Operation needs a default name"
     self._name = mesh.graph.unique_name(name)
-    mesh.graph.operations.append(self)
     for t in inputs:
       if not t.usable:
         raise ValueError(
             f"Operation {self._name!r} reads tensor {t.name!r}, which is internal to a "
             f"custom_gradient/recompute_grad block and may not be used outside it.")
+    mesh.graph.operations.append(self)
 
   @property
   def graph(self):

@@ -47,3 +47,13 @@ def test_graph_lowers_after_a_rejected_op():
     return [x + 1.0]
   (result,) = lower_and_evaluate(build, "all:2", "b:all")
   assert result.shape == (2, 4, 4, 3) and (result == 1.0).all()
+
+
+def test_base_operation_reading_an_unusable_tensor_is_not_registered():
+  graph = mtf.Graph()
+  x = mtf.zeros(mtf.Mesh(graph, "m"), "a:2")
+  x.usable = False  # as custom_gradient marks its internal tensors
+  before = list(graph.operations)
+  with pytest.raises(ValueError, match="'reader' reads tensor 'constant:0', which is internal"):
+    mtf.Operation([x], name="reader")
+  assert graph.operations == before
