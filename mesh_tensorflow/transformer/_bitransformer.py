@@ -85,7 +85,7 @@ class Bitransformer:
   def call_simple(self, inputs, targets, compute_loss, mode=ModeKeys.TRAIN,
                   variable_dtype=mtf.VariableDType(tf.float32), encoder_sequence_id=None,
                   decoder_sequence_id=None, decoder_subsequence_id=None, encoder_position=None,
-                  decoder_position=None, num_microbatches=1):
+                  decoder_position=None, num_microbatches: int = 1) -> tuple:
     """Encodes inputs and decodes targets (teacher forcing): returns (logits, loss or None).
 
     Sequence ids default to min(ids, 1) (1 on tokens, 0 on padding).
@@ -112,7 +112,7 @@ class Bitransformer:
   @gin.configurable(module="Bitransformer")
   def decode(self, inputs, variable_dtype=mtf.VariableDType(tf.float32), beam_size=1, alpha=0.6,
              temperature=0.0, sampling_keep_top_k=-1, decode_length_multiplier=1.5, decode_length_constant=10,
-             max_decode_length=None):
+             max_decode_length=None) -> mtf.Tensor:
     """Decodes [batch..., length] outputs for inputs: sampling (beam_size 1) or beam search.
 
     Beam search decodes at most max_input_length * decode_length_multiplier +

@@ -73,27 +73,29 @@ def sinusoid_positional_embedding_weights(mesh, max_length_dim, model_dim, dtype
 
 
 @gin.configurable(module=GIN_MODULE)
-def reduce_ensemble_logits_select(logits, ensemble_dim, vocab_dim, model_id=0):
+def reduce_ensemble_logits_select(logits: mtf.Tensor, ensemble_dim, vocab_dim,
+                                  model_id: int = 0) -> mtf.Tensor:
   """The logits of ensemble member model_id."""
   del vocab_dim
   return mtf.gather(logits, model_id, ensemble_dim)
 
 
 @gin.configurable(module=GIN_MODULE)
-def reduce_ensemble_logits_mean_prob(logits, ensemble_dim, vocab_dim):
+def reduce_ensemble_logits_mean_prob(logits: mtf.Tensor, ensemble_dim, vocab_dim) -> mtf.Tensor:
   """log of the members' mean probability."""
   probs = mtf.reduce_mean(mtf.softmax(logits, vocab_dim), reduced_dim=ensemble_dim)
   return mtf.log(mtf.maximum(probs, 1e-20))
 
 
 @gin.configurable(module=GIN_MODULE)
-def reduce_ensemble_logits_mean_logit(logits, ensemble_dim, vocab_dim):
+def reduce_ensemble_logits_mean_logit(logits: mtf.Tensor, ensemble_dim, vocab_dim) -> mtf.Tensor:
   """The members' mean logits."""
   del vocab_dim
   return mtf.reduce_mean(logits, reduced_dim=ensemble_dim)
 
 
 @gin.configurable(module=GIN_MODULE)
-def reduce_ensemble_logits(logits, ensemble_dim, vocab_dim, reduce_fn=reduce_ensemble_logits_mean_prob):
+def reduce_ensemble_logits(logits: mtf.Tensor, ensemble_dim, vocab_dim,
+                           reduce_fn=reduce_ensemble_logits_mean_prob) -> mtf.Tensor:
   """Combines an ensemble's logits with reduce_fn (a gin knob)."""
   return reduce_fn(logits, ensemble_dim, vocab_dim)

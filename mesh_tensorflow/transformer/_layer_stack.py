@@ -23,7 +23,7 @@ def _configurable(fn_or_cls):
 
 
 @_configurable
-def sublayer_mask_padding(x, layer_stack, context):
+def sublayer_mask_padding(x: mtf.Tensor, layer_stack, context) -> mtf.Tensor:
   """Zeroes x at padding positions (sequence_id == 0)."""
   del layer_stack
   if isinstance(context.sequence_id, mtf.Tensor):
@@ -38,7 +38,7 @@ def _check_layer_output(layer, x, y) -> None:
 
 
 @_configurable
-def sublayer_call_layer(x, layer_stack, context):
+def sublayer_call_layer(x: mtf.Tensor, layer_stack, context) -> mtf.Tensor:
   """Calls the current layer (on x with padding masked) in a scope named after its class."""
   x = sublayer_mask_padding(x, layer_stack, context)
   layer = context.current_layer
@@ -59,7 +59,7 @@ def _rms_normalize(x, dim, epsilon, scale):
 
 
 @_configurable
-def sublayer_rms_norm(x, layer_stack, context, epsilon=1e-6, name="rms_norm"):
+def sublayer_rms_norm(x: mtf.Tensor, layer_stack, context, epsilon=1e-6, name="rms_norm") -> mtf.Tensor:
   """x / rms(x over d_model) * scale; variable `<name>/scale` [d_model] (ones)."""
   del layer_stack
   model_dim = context.model.model_dim
@@ -69,20 +69,21 @@ def sublayer_rms_norm(x, layer_stack, context, epsilon=1e-6, name="rms_norm"):
 
 
 @_configurable
-def sublayer_legacy_rms_norm(x, layer_stack, context):
+def sublayer_legacy_rms_norm(x: mtf.Tensor, layer_stack, context) -> mtf.Tensor:
   """The per-layer norm of legacy LayerStacks (epsilon from the stack, scope `layer_norm`)."""
   return sublayer_rms_norm(x, layer_stack, context, epsilon=layer_stack.norm_epsilon, name="layer_norm")
 
 
 @_configurable
-def sublayer_legacy_final_rms_norm(x, layer_stack, context):
+def sublayer_legacy_final_rms_norm(x: mtf.Tensor, layer_stack, context) -> mtf.Tensor:
   """The final norm of legacy LayerStacks (scope `final_layer_norm`)."""
   return sublayer_rms_norm(x, layer_stack, context, epsilon=layer_stack.norm_epsilon,
                            name="final_layer_norm")
 
 
 @_configurable
-def sublayer_rms_norm_subsampled(x, layer_stack, context, percentage=100., epsilon=1e-6):
+def sublayer_rms_norm_subsampled(x: mtf.Tensor, layer_stack, context, percentage=100.,
+                                 epsilon=1e-6) -> mtf.Tensor:
   """RMS norm whose statistic uses only the first `percentage` % of d_model (cheaper on big models)."""
   del layer_stack
   model_dim = context.model.model_dim
@@ -97,7 +98,7 @@ def sublayer_rms_norm_subsampled(x, layer_stack, context, percentage=100., epsil
 
 
 @_configurable
-def sublayer_scale_norm(x, layer_stack, context, epsilon=1e-6, name="scale_norm"):
+def sublayer_scale_norm(x: mtf.Tensor, layer_stack, context, epsilon=1e-6, name="scale_norm") -> mtf.Tensor:
   """x / rms(x over d_model) * g, with one scalar g (per ensemble member); variable `<name>/scale`."""
   del layer_stack
   with tf.variable_scope(name):
@@ -106,7 +107,7 @@ def sublayer_scale_norm(x, layer_stack, context, epsilon=1e-6, name="scale_norm"
 
 
 @_configurable
-def sublayer_true_layer_norm(x, layer_stack, context, epsilon=1e-6):
+def sublayer_true_layer_norm(x: mtf.Tensor, layer_stack, context, epsilon=1e-6) -> mtf.Tensor:
   """Layer normalisation (mean and variance) over d_model, with scale and bias."""
   del layer_stack
   with tf.variable_scope("true_layer_norm"):
@@ -114,7 +115,7 @@ def sublayer_true_layer_norm(x, layer_stack, context, epsilon=1e-6):
 
 
 @_configurable
-def sublayer_residual(x, layer_stack, context):
+def sublayer_residual(x: mtf.Tensor, layer_stack, context) -> mtf.Tensor:
   """x + the input of the current layer."""
   del layer_stack
   return x + context.current_layer_input
@@ -128,7 +129,7 @@ def _noise_shape(x, context):
 
 
 @_configurable
-def sublayer_dropout(x, layer_stack, context, dropout_rate=0.0):
+def sublayer_dropout(x: mtf.Tensor, layer_stack, context, dropout_rate=0.0) -> mtf.Tensor:
   """Dropout (training only), the same mask at every position of a sequence."""
   del layer_stack
   if context.train and dropout_rate > 0:
@@ -137,14 +138,14 @@ def sublayer_dropout(x, layer_stack, context, dropout_rate=0.0):
 
 
 @_configurable
-def sublayer_legacy_dropout(x, layer_stack, context):
+def sublayer_legacy_dropout(x: mtf.Tensor, layer_stack, context) -> mtf.Tensor:
   """Dropout at the rate of a legacy LayerStack."""
   return sublayer_dropout(x, layer_stack, context, dropout_rate=layer_stack.dropout_rate)
 
 
 @_configurable
-def sublayer_annealed_dropout(x, layer_stack, context, init_dropout_rate=0.0, start_step=None,
-                              end_step=None):
+def sublayer_annealed_dropout(x: mtf.Tensor, layer_stack, context, init_dropout_rate=0.0, start_step=None,
+                              end_step=None) -> mtf.Tensor:
   """Dropout whose rate decays linearly to 0 between start_step and end_step (training only)."""
   del layer_stack
   if context.train and init_dropout_rate > 0:
@@ -154,14 +155,14 @@ def sublayer_annealed_dropout(x, layer_stack, context, init_dropout_rate=0.0, st
 
 
 @_configurable
-def sublayer_clip_activation_gradient(x, layer_stack, context, rms_norm=1.0):
+def sublayer_clip_activation_gradient(x: mtf.Tensor, layer_stack, context, rms_norm=1.0) -> mtf.Tensor:
   """Identity forward; clips the RMS of the backward gradient to rms_norm."""
   del layer_stack, context
   return mtf.layers.clip_activation_gradient(x, rms_norm)
 
 
 @_configurable
-def sublayer_rezero(x, layer_stack, context, initial_value=0.0):
+def sublayer_rezero(x: mtf.Tensor, layer_stack, context, initial_value=0.0) -> mtf.Tensor:
   """x times a learned scalar `rezero/g` (ReZero, arXiv:2003.04887)."""
   del layer_stack
   with tf.variable_scope("rezero"):
@@ -296,7 +297,7 @@ def _parse_layer_entry(entry):
 
 @_configurable
 def make_layer_stack(layers=gin.REQUIRED, layer_stack_cls=LayerStack, num_layers: int = 6,
-                     block_scope: bool = True):
+                     block_scope: bool = True) -> LayerStack:
   """num_layers blocks of `layers`, named `block_%03d/<name or layer_%03d>` (or flat names).
 
   Args:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import gin
 
 import mesh_tensorflow as mtf
@@ -9,7 +11,7 @@ from mesh_tensorflow.transformer._layer_stack import GIN_MODULE
 
 
 @gin.configurable(module=GIN_MODULE)
-def shift_targets(targets, bos_id=0, eos_id=1):
+def shift_targets(targets: mtf.Tensor, bos_id: int = 0, eos_id: int = 1) -> mtf.Tensor:
   """Deprecated (use autoregressive_inputs): targets shifted right, 0 after each eos, bos_id at starts."""
   length_dim = targets.shape.dims[-1]
   shifted = mtf.shift(targets, offset=1, dim=length_dim, wrap=False)
@@ -19,7 +21,7 @@ def shift_targets(targets, bos_id=0, eos_id=1):
   return shifted
 
 
-def autoregressive_inputs(targets, sequence_id=None):
+def autoregressive_inputs(targets: mtf.Tensor, sequence_id: Optional[mtf.Tensor] = None) -> mtf.Tensor:
   """Decoder inputs: targets shifted right by one (0 first), absolute values, 0 at segment starts.
 
   Example: targets [3, 4, 1, 5, 1] with sequence_id [1, 1, 1, 2, 2] give [0, 3, 4, 0, 5].
@@ -32,7 +34,7 @@ def autoregressive_inputs(targets, sequence_id=None):
   return inputs
 
 
-def delimited_lm_inputs_mask(ids, eos_id=1):
+def delimited_lm_inputs_mask(ids: mtf.Tensor, eos_id: int = 1) -> mtf.Tensor:
   """True on the "inputs" halves of packed [inputs, eos, targets, eos, ...] sequences.
 
   A position is an input position when an even number of eos tokens precede it.

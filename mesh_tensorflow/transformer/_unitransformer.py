@@ -198,7 +198,8 @@ class Unitransformer:
   def call_simple(self, inputs, targets, compute_loss, mode=ModeKeys.TRAIN,
                   variable_dtype=mtf.VariableDType(tf.float32), sequence_id=None, subsequence_id=None,
                   position=None, encoder_output=None, encoder_sequence_id=None, encoder_inputs=None,
-                  shared_params=None, layer_outputs=None, encoder_layer_outputs=None, num_microbatches=1):
+                  shared_params=None, layer_outputs=None, encoder_layer_outputs=None,
+                  num_microbatches: int = 1) -> tuple:
     """Runs the model on inputs [batch..., length] (int32 ids): returns (logits, loss or None).
 
     Args:
@@ -293,7 +294,7 @@ class Unitransformer:
                             variable_dtype=mtf.VariableDType(tf.float32), encoder_output=None,
                             encoder_sequence_id=None, encoder_inputs=None, shared_params=None,
                             has_partial_sequences=True, encoder_layer_outputs=None, never_end=False,
-                            remove_partial_sequences=False, sampling_keep_top_k=-1, bos_id=0):
+                            remove_partial_sequences=False, sampling_keep_top_k=-1, bos_id=0) -> mtf.Tensor:
     """Continues partial_sequences [batch..., length] (0 = to decode) one token at a time.
 
     One "first_part" pass over the prefix records each layer's states; then an mtf.while_loop
@@ -356,7 +357,7 @@ class Unitransformer:
 
   def beam_search(self, inputs, decode_length, variable_dtype=mtf.VariableDType(tf.float32),
                   encoder_output=None, encoder_sequence_id=None, encoder_inputs=None, alpha=0.6,
-                  shared_params=None, encoder_layer_outputs=None, bos_id=0):
+                  shared_params=None, encoder_layer_outputs=None, bos_id=0) -> mtf.Tensor:
     """Beam search from inputs [batch, beam, length] (zeros, or a prompt): the best beam [batch, length].
 
     Args:

@@ -27,8 +27,9 @@ def _dropout(weights: mtf.Tensor, context, dropout_rate: float, dropout_broadcas
   return mtf.dropout(weights, _is_training(context), rate=dropout_rate, noise_shape=noise_shape)
 
 
-def attention(q, k, v, memory_length_dim, key_dim, value_dim, bias=None, dropout_rate=0.0,
-              dropout_broadcast_dims=None, extra_logit=None, context=None, float32_logits=True):
+def attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, memory_length_dim, key_dim, value_dim, bias=None,
+              dropout_rate: float = 0.0, dropout_broadcast_dims=None, extra_logit=None, context=None,
+              float32_logits: bool = True) -> mtf.Tensor:
   """softmax(q.k + bias over memory_length_dim) . v.
 
   Args:
@@ -59,8 +60,9 @@ def attention(q, k, v, memory_length_dim, key_dim, value_dim, bias=None, dropout
   return _undo_2d_reshape(outputs, orig_q_shape - key_dim + value_dim)
 
 
-def hybrid_attention(q, k, v, context, memory_length_dim, key_dim, value_dim, bias=None,
-                     dropout_rate=0.0, dropout_broadcast_dims=None, extra_logit=None):
+def hybrid_attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, context, memory_length_dim, key_dim,
+                     value_dim, bias=None, dropout_rate: float = 0.0, dropout_broadcast_dims=None,
+                     extra_logit=None) -> mtf.Tensor:
   """A learned mix of softmax attention and doubly-normalised attention (self-attention only).
 
   The doubly-normalised weights are softmax over memory of log_softmax over queries; the mix
@@ -109,10 +111,10 @@ def _synthetic_logits(context, memory_length_dim, synthesize_mode, factorized_di
                               memory_length_dim.name)
 
 
-def synthetic_attention(q, k, v, memory_length_dim, key_dim, value_dim, bias=None, dropout_rate=0.0,
-                        dropout_broadcast_dims=None, extra_logit=None, synthesize=True,
-                        synthesize_mode="random_plus_alpha", factorized_dim=16, max_length=512,
-                        context=None):
+def synthetic_attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, memory_length_dim, key_dim, value_dim,
+                        bias=None, dropout_rate: float = 0.0, dropout_broadcast_dims=None, extra_logit=None,
+                        synthesize: bool = True, synthesize_mode: str = "random_plus_alpha",
+                        factorized_dim: int = 16, max_length: int = 512, context=None) -> mtf.Tensor:
   """Attention whose logits are learned position-pair tables (Synthesizer, arXiv:2005.00743).
 
   synthesize_mode: "random" ([max_length, max_length] table), "factorized" (product of two
@@ -147,9 +149,10 @@ def visibility_mask_to_attention_bias(visible: mtf.Tensor, dtype) -> mtf.Tensor:
   return mtf.cast(mtf.logical_not(visible), dtype) * -1e9
 
 
-def local_attention_1d(q, k, v, length_dim, key_dim, value_dim, fully_autoregressive=True,
-                       length_dim_num_splits=1, radius=128, sequence_id=1, write_priority=None,
-                       read_priority=None, attention_kwargs=None):
+def local_attention_1d(q: mtf.Tensor, k: mtf.Tensor, v: Optional[mtf.Tensor], length_dim, key_dim, value_dim,
+                       fully_autoregressive: bool = True, length_dim_num_splits: int = 1, radius: int = 128,
+                       sequence_id=1, write_priority=None, read_priority=None,
+                       attention_kwargs: Optional[dict] = None) -> mtf.Tensor:
   """Attention of each position p to a window of positions around it along length_dim.
 
   Query p sees memory positions m with p - radius < m <= p (fully_autoregressive) or
@@ -216,7 +219,8 @@ def _mesh_axis(layout_rules, mesh_shape, dim) -> Optional[int]:
 _UNSPLIT_INNER = "_attention_2d_inner"
 
 
-def maybe_reshape_attention_input_for_2d_sharding(context, q, k, v, bias, unsplittable_dims):
+def maybe_reshape_attention_input_for_2d_sharding(context, q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, bias,
+                                                   unsplittable_dims) -> tuple:
   """Splits replicated attention work over an otherwise idle mesh dimension (2-D sharding).
 
   With a 2-D mesh where, say, d_model is split over one mesh dimension and heads over the other,
