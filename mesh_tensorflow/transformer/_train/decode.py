@@ -90,6 +90,9 @@ def eval_decodes(runner: loop.ModelRunner, eval_datasets: Sequence, targets_voca
   limit = None if max_batches is None else max_batches * runner.batch_size
   for eval_dataset in eval_datasets:
     examples = list(itertools.islice(inputs.iterate_examples(eval_dataset.dataset_fn), limit))
+    if examples and "inputs" not in examples[0]:
+      raise ValueError(f"eval mode decodes each example's `inputs`, and eval dataset {eval_dataset.name!r} "
+                       f"has none (features {sorted(examples[0])}); use mode 'perplexity_eval' for it.")
     predictions = [targets_vocabulary.decode(ids)
                    for ids in decode_ids(runner, [e["inputs"] for e in examples], checkpoint)]
     if eval_dataset.postprocess_fn is not None:
