@@ -1,5 +1,6 @@
 """Decoding: "first_part" + "incremental" steps reproduce a full forward pass; greedy sampling, top-1
-sampling and one-beam beam search agree and are greedy; prompts, max_steps, never_end, encoder-decoder."""
+sampling and one-beam beam search agree and are greedy; bos_id, prompts, max_steps, never_end,
+encoder-decoder decoding."""
 
 from __future__ import annotations
 
@@ -103,6 +104,22 @@ def test_greedy_sampling_top1_sampling_and_one_beam_search_give_the_same_greedy_
   np.testing.assert_array_equal(_clean(top1), cleaned)
   np.testing.assert_array_equal(_clean(beams), cleaned)
   np.testing.assert_array_equal(np.where(cleaned > 0, argmax, 0), cleaned)
+
+
+def test_bos_id_is_the_input_at_position_zero():
+  def build(mesh):
+    model = model_check.lm(max_length=LENGTH, num_layers=1)
+    zeros = mtf.zeros(mesh, [mtf.Dimension("batch", BATCH), mtf.Dimension("length", LENGTH)], dtype=tf.int32)
+    decoded = model.sample_autoregressive(zeros, has_partial_sequences=False, never_end=True, bos_id=3)
+    length_dim = decoded.shape.dims[-1]
+    inputs = transformer.autoregressive_inputs(decoded) + 3 * mtf.one_hot(
+        mtf.constant(mesh, 0, dtype=tf.int32), length_dim, dtype=tf.int32)
+    with _reusing_variables():
+      logits, _ = model.call_simple(inputs, None, compute_loss=False, mode="infer")
+    return [decoded, logits]
+  decoded, logits = lower_and_evaluate(build)
+  logits[..., 1] = -np.inf  # never_end
+  np.testing.assert_array_equal(decoded, logits.argmax(-1))
 
 
 def test_prompt_is_kept_and_can_be_removed_and_never_end_forbids_eos():
