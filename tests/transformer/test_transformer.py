@@ -374,6 +374,24 @@ def test_loss_is_label_smoothed_cross_entropy_with_z_loss_over_nonzero_targets()
   assert_allclose(loss, (per_token * (targets_np > 0)).sum() / (BATCH * LENGTH), rtol=1e-5)
 
 
+def test_custom_loss_fn_replaces_the_default_loss():
+  ids = _ids(15)
+  seen = {}
+
+  def loss_fn(model, context, logits, targets, vocab_dim):
+    seen["args"] = (model, context.mode, vocab_dim)
+    return mtf.reduce_mean(mtf.square(logits))
+
+  def build(mesh):
+    model = model_check.lm(num_layers=1, loss_fn=loss_fn)
+    targets = import_ids(mesh, ids)
+    seen["model"] = model
+    return model.call_simple(transformer.autoregressive_inputs(targets), targets, compute_loss=True)
+  logits, loss = lower_and_evaluate(build)
+  assert seen["args"] == (seen["model"], "train", seen["model"].output_vocab_dim)
+  assert_allclose(loss, np.mean(np.square(logits)), rtol=1e-5)
+
+
 def test_lm_logits_and_gradients_are_the_same_on_one_processor_and_on_a_2x4_mesh():
   ids = _ids(4)
 
