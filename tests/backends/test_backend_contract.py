@@ -13,6 +13,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow._backends.collective import CollectiveMeshImpl
 from mesh_tensorflow._backends.shape_only import ShapeOnlyMeshImpl
 from mesh_tensorflow._backends.simd import SimdMeshImpl
 from mesh_tensorflow._core.layout import processor_groups
@@ -25,10 +26,18 @@ MESH = "rows:2;cols:4"
 SIZE = 8
 
 
-def _placement_runner(mode):
+def _placement(layout):
+  return mtf.placement_mesh_impl.PlacementMeshImpl(MESH, layout, cpu_devices(SIZE))
+
+
+def _collective(**kwargs):
+  return lambda layout: CollectiveMeshImpl(MESH, layout, cpu_devices(SIZE), **kwargs)
+
+
+def _placement_runner(mode, make_impl=_placement):
   def run(layout, fn):
     """fn(impl, laid_out) -> LaidOutTensor (or a tuple); returns numpy values per logical pnum."""
-    impl = mtf.placement_mesh_impl.PlacementMeshImpl(MESH, layout, cpu_devices(SIZE))
+    impl = make_impl(layout)
 
     def laid_out(arrays):
       return impl.LaidOutTensor([tf.identity(a) for a in
@@ -64,7 +73,11 @@ def _simd_runner(layout, fn):
 
 
 RUNNERS = {"placement_graph": _placement_runner("graph"), "placement_eager": _placement_runner("eager"),
-           "simd": _simd_runner}
+           "simd": _simd_runner,
+           "collective_graph": _placement_runner("graph", _collective()),
+           "collective_eager": _placement_runner("eager", _collective()),
+           # TF collective ops between the devices of this process, as between processes.
+           "collective_tf_ops": _placement_runner("graph", _collective(in_process_fast_path=False))}
 
 
 @pytest.fixture(params=sorted(RUNNERS))
@@ -172,7 +185,8 @@ def test_control_inputs_replicated_value_and_loop_vars_round_trip(run):
 
 @pytest.mark.parametrize("impl", [
     mtf.placement_mesh_impl.PlacementMeshImpl(MESH, "", [""] * SIZE), SimdMeshImpl(MESH, ""),
-    ShapeOnlyMeshImpl(MESH, "")], ids=["placement", "simd", "shape_only"])
+    ShapeOnlyMeshImpl(MESH, ""), CollectiveMeshImpl(MESH, "", cpu_devices(SIZE))],
+    ids=["placement", "simd", "shape_only", "collective"])
 def test_every_backend_implements_the_primitives_and_the_protocol(impl):
   assert isinstance(impl, Backend)
   for name in BACKEND_PRIMITIVES:

@@ -1,0 +1,124 @@
+"""Cluster: the processes of one mesh, described the TensorFlow way (TF_CONFIG or a cluster spec).
+
+Every process is one task of the job "worker" and starts one `tf.distribute.Server`; sessions on
+that server run this process's part of the program, and TF's collective runtime (group leader:
+task 0) connects the parts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Sequence
+
+import tensorflow.compat.v1 as tf
+
+# Set by `python -m mesh_tensorflow.launch` next to TF_CONFIG.
+DEVICES_PER_PROCESS_ENV = "MTF_DEVICES_PER_PROCESS"
+TIMEOUT_ENV = "MTF_COLLECTIVE_TIMEOUT"
+DEFAULT_TIMEOUT_SECONDS = 60.0
+
+
+class Cluster:
+  """The worker tasks of a mesh that spans processes, and this process's place among them.
+
+  Args:
+    workers: "host:port" of every task, in task order.
+    task_index: this process's task.
+    devices_per_task: devices each task contributes to the mesh (CPU: that many virtual devices).
+    device_type: "CPU" or "GPU".
+    timeout_seconds: collectives between tasks fail after waiting this long for a peer (0: never).
+    job: the job name of the tasks.
+
+  Example:
+    cluster = Cluster.from_tf_config()  # None when TF_CONFIG is unset: a single process
+    sess = cluster.session()            # starts this task's server on first use
+  """
+
+  def __init__(self, workers: Sequence[str], task_index: int, devices_per_task: int = 1,
+               device_type: str = "CPU", timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+               job: str = "worker"):
+    self.workers = list(workers)
+    if not 0 <= task_index < len(self.workers):
+      raise ValueError(f"Cluster: task_index {task_index} is not one of the {len(self.workers)} "
+                       f"tasks {self.workers}.")
+    if devices_per_task < 1:
+      raise ValueError(f"Cluster: devices_per_task must be at least 1, got {devices_per_task}.")
+    self.task_index = task_index
+    self.devices_per_task = devices_per_task
+    self.device_type = device_type.upper()
+    self.timeout_seconds = float(timeout_seconds)
+    self.job = job
+    self._server = None
+
+  @classmethod
+  def from_tf_config(cls, tf_config=None, devices_per_task: Optional[int] = None,
+                     **kwargs) -> Optional[Cluster]:
+    """The cluster in TF_CONFIG (a JSON string or dict; default: the environment), or None.
+
+    devices_per_task defaults to $MTF_DEVICES_PER_PROCESS (set by the launcher), else 1;
+    timeout_seconds to $MTF_COLLECTIVE_TIMEOUT, else 60.
+    """
+    if tf_config is None:
+      tf_config = os.environ.get("TF_CONFIG")
+      if not tf_config:
+        return None
+    if isinstance(tf_config, str):
+      tf_config = json.loads(tf_config)
+    task = tf_config.get("task", {})
+    job = task.get("type", "worker")
+    workers = tf_config.get("cluster", {}).get(job)
+    if not workers:
+      raise ValueError(f"TF_CONFIG has no tasks of job {job!r}: {tf_config}.")
+    if devices_per_task is None:
+      devices_per_task = int(os.environ.get(DEVICES_PER_PROCESS_ENV, "1"))
+    kwargs.setdefault("timeout_seconds", float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_SECONDS)))
+    return cls(workers, int(task.get("index", 0)), devices_per_task, job=job, **kwargs)
+
+  @property
+  def num_tasks(self) -> int:
+    return len(self.workers)
+
+  @property
+  def is_chief(self) -> bool:
+    """Task 0: the one process that writes checkpoints and summaries."""
+    return self.task_index == 0
+
+  def task_device(self, task: int) -> str:
+    return f"/job:{self.job}/replica:0/task:{task}"
+
+  def devices(self, num_processors: int) -> list:
+    """One device per processor: task 0's devices first, then task 1's, ... (contiguous blocks)."""
+    if num_processors != self.num_tasks * self.devices_per_task:
+      raise ValueError(
+          f"Cluster: a mesh of {num_processors} processors does not fit {self.num_tasks} tasks x "
+          f"{self.devices_per_task} devices; make the mesh size equal to their product.")
+    return [f"{self.task_device(t)}/device:{self.device_type}:{d}"
+            for t in range(self.num_tasks) for d in range(self.devices_per_task)]
+
+  def is_local(self, device: str) -> bool:
+    """True if `device` belongs to this process's task."""
+    spec = tf.DeviceSpec.from_string(device)
+    return spec.job == self.job and spec.task == self.task_index
+
+  def session_config(self) -> tf.ConfigProto:
+    """Session and server config: virtual CPU devices and the collective group leader."""
+    config = tf.ConfigProto()
+    if self.device_type == "CPU":
+      config.device_count["CPU"] = self.devices_per_task
+    config.experimental.collective_group_leader = self.task_device(0)
+    # This process sees only its own task: ops placed nowhere (master variables) stay here.
+    config.device_filters.append(self.task_device(self.task_index))
+    return config
+
+  def server(self) -> tf.distribute.Server:
+    """This task's server (started on first use; one per process)."""
+    if self._server is None:
+      spec = tf.train.ClusterSpec({self.job: self.workers})
+      self._server = tf.distribute.Server(spec, self.job, self.task_index,
+                                          config=self.session_config(), start=True)
+    return self._server
+
+  def session(self, graph=None) -> tf.Session:
+    """A session on this task's server that runs this process's part of the program."""
+    return tf.Session(self.server().target, graph=graph, config=self.session_config())

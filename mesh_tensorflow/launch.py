@@ -1,0 +1,37 @@
+"""python -m mesh_tensorflow.launch --num_processes N [--devices_per_process M] -- python script.py ...
+
+Runs N copies of the command as the tasks of one TensorFlow cluster on loopback ports (each with
+its TF_CONFIG), prefixes every output line with the task's rank, stops all tasks when one fails and
+exits with its status. With TF_CONFIG already set (a real cluster's scheduler), runs the command
+once as that task. See docs/multi_process.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from mesh_tensorflow._launch.launcher import Launch, free_ports, tf_configs  # noqa: F401
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Parses the launcher's flags (before '--') and runs the command after it; returns the status."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  command = argv[argv.index("--") + 1:] if "--" in argv else []
+  flags = argv[:argv.index("--")] if "--" in argv else argv
+  parser = argparse.ArgumentParser(prog="python -m mesh_tensorflow.launch",
+                                   description=__doc__.split("\n")[2])
+  parser.add_argument("--num_processes", type=int, required=True, help="tasks to start (N)")
+  parser.add_argument("--devices_per_process", type=int, default=1,
+                      help="devices each task gives the mesh (virtual CPUs, or GPUs) (M)")
+  parser.add_argument("--timeout", type=float, default=None,
+                      help="seconds a collective waits for a lost peer before failing (default 60)")
+  args = parser.parse_args(flags)
+  if not command:
+    parser.error("no command: put it after '--', e.g. -- python train.py")
+  return Launch(command, args.num_processes, args.devices_per_process, args.timeout).run()
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,102 @@
+"""A small mtf training run on CollectiveMeshImpl, for 1 process x 8 devices or N processes.
+
+Run directly (one process, 8 virtual CPUs) or under `python -m mesh_tensorflow.launch`. Every
+task writes its per-step losses and gradients to <out>/rank<R>.json; the chief saves a checkpoint
+after every step. --die_at_step kills task 1 (SIGKILL) there; --restore resumes from the latest
+checkpoint in --ckpt_dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.collective_mesh_impl import Cluster, CollectiveMeshImpl
+
+BATCH, D_IN, HIDDEN, D_OUT = 8, 4, 8, 4
+
+
+def build(mesh):
+  """Loss of a two-layer ReLU net on a fixed batch, its gradients and an SGD update."""
+  batch, d_in = mtf.Dimension("batch", BATCH), mtf.Dimension("d_in", D_IN)
+  hidden, d_out = mtf.Dimension("hidden", HIDDEN), mtf.Dimension("d_out", D_OUT)
+  rng = np.random.RandomState(0)
+  x = mtf.import_tf_tensor(mesh, tf.constant(rng.randn(BATCH, D_IN).astype(np.float32)), [batch, d_in])
+  y = mtf.import_tf_tensor(mesh, tf.constant(rng.randn(BATCH, D_OUT).astype(np.float32)), [batch, d_out])
+  w1 = mtf.get_variable(mesh, "w1", [d_in, hidden])  # random init: same seed, same values everywhere
+  w2 = mtf.get_variable(mesh, "w2", [hidden, d_out])
+  h = mtf.relu(mtf.einsum([x, w1], output_shape=[batch, hidden]))
+  out = mtf.einsum([h, w2], output_shape=[batch, d_out])
+  loss = mtf.reduce_mean(mtf.square(out - y))
+  grads = mtf.gradients([loss], [w1, w2])
+  update = mtf.optimize.SgdOptimizer(0.1).apply_grads(grads, [w1.operation, w2.operation])
+  return loss, grads, update
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--mesh", default="b:2;m:4")
+  parser.add_argument("--layout", default="batch:b;hidden:m")
+  parser.add_argument("--steps", type=int, default=3)
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--ckpt_dir", default="")
+  parser.add_argument("--die_at_step", type=int, default=-1)
+  parser.add_argument("--restore", action="store_true")
+  args = parser.parse_args()
+
+  cluster = Cluster.from_tf_config()
+  rank = cluster.task_index if cluster else 0
+  tf.disable_eager_execution()
+  tf.set_random_seed(1)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  loss, grads, update = build(mesh)
+  mesh_impl = CollectiveMeshImpl(args.mesh, args.layout, cluster=cluster,
+                                 devices=None if cluster else ["/cpu:%d" % i for i in range(8)])
+  lowering = mtf.Lowering(graph, {mesh: mesh_impl})
+  fetches = [lowering.export_to_tf_tensor(t) for t in [loss, *grads]]
+  train_op = tf.group([lowering.lowered_operation(op) for op in update])
+  step_var = tf.train.get_or_create_global_step()
+  next_step = tf.assign_add(step_var, 1)
+  save_masters = lowering.copy_slices_to_masters()
+  load_masters = lowering.copy_masters_to_slices()
+  saver = tf.train.Saver(tf.global_variables())
+  if cluster:
+    sess = cluster.session()
+  else:
+    sess = tf.Session(config=tf.ConfigProto(device_count={"CPU": 8}))
+  if args.ckpt_dir and rank == 0:
+    os.makedirs(args.ckpt_dir, exist_ok=True)
+  with sess:
+    sess.run(tf.global_variables_initializer())
+    latest = tf.train.latest_checkpoint(args.ckpt_dir) if args.restore else None
+    if latest:
+      saver.restore(sess, latest)
+    sess.run(load_masters)
+    records = []
+    for _ in range(args.steps):
+      step = int(sess.run(step_var))
+      if step == args.die_at_step and rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+      values = sess.run(fetches)
+      sess.run(train_op)
+      sess.run(next_step)
+      records.append({"step": step, "loss": float(values[0]), "grads": [v.tolist() for v in values[1:]]})
+      if args.ckpt_dir:
+        sess.run(save_masters)  # every task: the gather is collective
+        if rank == 0:
+          saver.save(sess, os.path.join(args.ckpt_dir, "model"), global_step=step + 1)
+      print(f"step {step} loss {values[0]:.6f}", flush=True)
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+    json.dump(records, f)
+
+
+if __name__ == "__main__":
+  main()
