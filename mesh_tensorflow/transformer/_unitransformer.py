@@ -322,11 +322,12 @@ class Unitransformer:
     self._run_first_part(first_part, inputs)
     if has_partial_sequences:
       initial_states = first_part.new_states
-      partial_eos_count = mtf.reduce_sum(mtf.to_int32(mtf.equal(inputs, stop_at_token)),
-                                         reduced_dim=length_dim)
     else:
       initial_states = [mtf.zeros_like(t) for t in first_part.new_states]
-      partial_eos_count = 0
+    partial_eos_count = 0
+    if has_partial_sequences and stop_at_token is not None:
+      partial_eos_count = mtf.reduce_sum(mtf.to_int32(mtf.equal(inputs, stop_at_token)),
+                                         reduced_dim=length_dim)
 
     def cond_fn(position, ids, *unused_states):
       is_done = mtf.greater_equal(position, length_dim.size)

@@ -146,6 +146,20 @@ def test_prompt_is_kept_and_can_be_removed_and_never_end_forbids_eos():
   assert (removed[0, 4:] == 0).all() and (removed[1, 3:] == 0).all()
 
 
+def test_prompt_without_a_stop_token_decodes_to_the_end():
+  prompt = np.zeros((BATCH, LENGTH), np.int32)
+  prompt[:, :2] = [[5, 6], [7, 8]]
+
+  def build(mesh):
+    model = model_check.lm(max_length=LENGTH, num_layers=1)
+    partial = import_ids(mesh, prompt)
+    decoded = model.sample_autoregressive(partial, stop_at_token=None)
+    return [decoded, _greedy_argmax(model, mesh, decoded)]
+  decoded, argmax = lower_and_evaluate(build)
+  np.testing.assert_array_equal(decoded[:, :2], prompt[:, :2])
+  np.testing.assert_array_equal(decoded[:, 2:], argmax[:, 2:])  # every position decoded, eos or not
+
+
 def test_bitransformer_greedy_decode_is_greedy_and_beam_decode_runs():
   inputs_np = _ids(2)
   inputs_np[1, -2:] = 0
