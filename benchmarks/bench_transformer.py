@@ -1,0 +1,236 @@
+"""Transformer training step: mtf layouts against the same model in plain TensorFlow, one process.
+
+The model (benchmarks/_transformer_model.py) is the performance issue's: 2 layers, d_model 256,
+d_ff 1024, 4 heads, sequence 64, batch 16, vocabulary 1024, SGD, graph mode. Every case is built
+once (lowering time, first-step time and TF op count are recorded then); the step times of all
+cases are then measured interleaved, `--reps` times, and reported as medians and as ratios to
+plain TF on one device. Memory: the bytes of TF variables per device in the lowered graph against
+what the layout needs (each processor's slices of every variable, optimizer state included).
+
+    python benchmarks/bench_transformer.py [--reps 5] [--steps 10] [--backend placement|collective]
+                                           [--dtype float32|bfloat16] [--sweep] [--sweep_devices 1,2,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from typing import Optional
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import mesh_tensorflow as mtf  # noqa: E402
+from benchmarks import _transformer_model as model  # noqa: E402
+
+# name -> (mesh shape, layout rules); the device count comes from the mesh shape.
+LAYOUTS = {
+    "one device": ("all:1", ""),
+    "data-parallel 8": ("all:8", "batch:all"),
+    "model-parallel 8": ("all:8", "d_ff:all;vocab:all;d_kv:all"),
+    "2x4 (batch x model)": ("b:2;m:4", "batch:b;d_ff:m;heads:m;vocab:m"),
+}
+
+
+def sweep_layout(num_devices: int) -> tuple:
+  """Data-parallel up to the batch size (16), then the rest of the devices split the model."""
+  if num_devices <= 16:
+    return f"all:{num_devices}", "batch:all"
+  return f"b:16;m:{num_devices // 16}", "batch:b;d_ff:m;heads:m;vocab:m"
+
+
+@dataclasses.dataclass
+class Case:
+  """A built training step in its own graph and session."""
+
+  name: str
+  session: tf.Session
+  fetches: list
+  feed: dict
+  build_s: float = 0.0  # lowering (mtf) or graph building (plain TF)
+  first_step_s: float = 0.0
+  num_ops: int = 0
+  first_loss: float = 0.0
+  max_device_bytes: int = 0  # bytes of TF variables on the most-loaded device
+  needed_bytes: int = 0  # the most any processor's slices need
+  total_bytes: int = 0
+  step_times: list = dataclasses.field(default_factory=list)
+
+  def time_steps(self, steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+      self.session.run(self.fetches, self.feed)
+    seconds = (time.perf_counter() - start) / steps
+    self.step_times.append(seconds)
+    return seconds
+
+  @property
+  def median_step_s(self) -> float:
+    return statistics.median(self.step_times)
+
+
+def _session(graph, num_cpus: int) -> tf.Session:
+  return tf.Session(graph=graph, config=tf.ConfigProto(device_count={"CPU": num_cpus}))
+
+
+def _placeholders(cfg):
+  return (tf.placeholder(tf.int32, [cfg.batch, cfg.length], name="inputs"),
+          tf.placeholder(tf.int32, [cfg.batch, cfg.length], name="targets"))
+
+
+def _start(case: Case, init_ops: list) -> Case:
+  """Initialises the variables and runs (and times) the first step."""
+  start = time.perf_counter()
+  for op in init_ops:
+    case.session.run(op)
+  case.first_loss = float(case.session.run(case.fetches, case.feed)[0])
+  case.first_step_s = time.perf_counter() - start
+  return case
+
+
+def _feed(cfg, inputs_ph, targets_ph) -> dict:
+  inputs, targets = model.batch_of_tokens(cfg, 0)
+  return {inputs_ph: inputs, targets_ph: targets}
+
+
+def build_plain_tf(cfg, num_cpus: int, dtype=tf.float32) -> Case:
+  graph = tf.Graph()
+  start = time.perf_counter()
+  with graph.as_default(), tf.device("/cpu:0"):
+    inputs_ph, targets_ph = _placeholders(cfg)
+    loss, train = model.plain_tf_train_step(cfg, inputs_ph, targets_ph, model.initial_values(cfg), dtype)
+    init = tf.global_variables_initializer()
+  build_s = time.perf_counter() - start
+  case = Case(f"plain TF, one device ({dtype.name})", _session(graph, num_cpus), [loss, train],
+              _feed(cfg, inputs_ph, targets_ph), build_s=build_s, num_ops=len(graph.get_operations()))
+  case.max_device_bytes = case.needed_bytes = case.total_bytes = sum(
+      v.size * 4 for v in model.initial_values(cfg).values())
+  return _start(case, [init])
+
+
+def _mesh_impl(backend: str, mesh_shape: str, layout: str, devices: list):
+  if backend == "placement":
+    return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices)
+  from mesh_tensorflow.collective_mesh_impl import CollectiveMeshImpl
+  return CollectiveMeshImpl(mesh_shape, layout, devices)
+
+
+def variable_bytes_per_device(graph) -> dict:
+  """Device -> bytes of the TF variables placed there ("" counts as CPU:0, where TF puts it)."""
+  ret = {}
+  for op in graph.get_operations():
+    if op.type not in ("VarHandleOp", "VariableV2"):
+      continue
+    shape = tf.TensorShape(op.get_attr("shape"))
+    dtype = tf.as_dtype(op.get_attr("dtype"))
+    device = tf.DeviceSpec.from_string(op.device or "/cpu:0")
+    key = f"{device.device_type or 'CPU'}:{device.device_index or 0}"
+    ret[key] = ret.get(key, 0) + shape.num_elements() * dtype.size
+  return ret
+
+
+def needed_bytes_per_processor(mtf_graph, mesh_impl) -> int:
+  """The most bytes any processor's slices of all variables take (optimizer state included)."""
+  per_processor = np.zeros(mesh_impl.size, np.int64)
+  for v in mtf_graph.all_variables:
+    slice_bytes = int(np.prod(mesh_impl.slice_shape(v.shape))) * v.slice_dtype.size
+    per_processor += slice_bytes
+  return int(per_processor.max())
+
+
+def build_mtf(cfg, name: str, mesh_shape: str, layout: str, backend: str, num_cpus: int,
+              slice_dtype=tf.float32, activation_dtype=tf.float32) -> Case:
+  graph = tf.Graph()
+  with graph.as_default():
+    inputs_ph, targets_ph = _placeholders(cfg)
+    mtf_graph = mtf.Graph()
+    mesh = mtf.Mesh(mtf_graph, "mesh")
+    loss, updates = model.mtf_train_step(cfg, mesh, inputs_ph, targets_ph, model.initial_values(cfg),
+                                         slice_dtype, activation_dtype)
+    num_processors = mtf.convert_to_shape(mesh_shape).size
+    impl = _mesh_impl(backend, mesh_shape, layout, [f"/cpu:{i}" for i in range(num_processors)])
+    start = time.perf_counter()
+    lowering = mtf.Lowering(mtf_graph, {mesh: impl})
+    fetches = [lowering.export_to_tf_tensor(loss),
+               tf.group([lowering.lowered_operation(u) for u in updates])]
+    build_s = time.perf_counter() - start
+    init = [tf.global_variables_initializer(), lowering.copy_masters_to_slices()]
+  per_device = variable_bytes_per_device(graph)
+  case = Case(name, _session(graph, num_cpus), fetches, _feed(cfg, inputs_ph, targets_ph),
+              build_s=build_s, num_ops=len(graph.get_operations()),
+              max_device_bytes=max(per_device.values()),
+              needed_bytes=needed_bytes_per_processor(mtf_graph, impl),
+              total_bytes=sum(per_device.values()))
+  return _start(case, init)
+
+
+def _mb(n: int) -> str:
+  return f"{n / 1e6:.1f}"
+
+
+def print_step_table(cases: list, reference: Case) -> None:
+  print("\n| case | step ms (median) | ratio to plain TF | lowering s | first step s | TF ops | "
+        "max device var MB | needed MB | total var MB | first loss |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
+  for c in cases:
+    print(f"| {c.name} | {c.median_step_s * 1e3:.1f} | {c.median_step_s / reference.median_step_s:.2f}x | "
+          f"{c.build_s:.2f} | {c.first_step_s:.2f} | {c.num_ops} | {_mb(c.max_device_bytes)} | "
+          f"{_mb(c.needed_bytes)} | {_mb(c.total_bytes)} | {c.first_loss:.4f} |")
+
+
+def run_interleaved(cases: list, reps: int, steps: int, warmup: int) -> None:
+  for c in cases:
+    for _ in range(warmup):
+      c.session.run(c.fetches, c.feed)
+  for _ in range(reps):
+    for c in cases:
+      c.time_steps(steps)
+
+
+def main(argv: Optional[list] = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--reps", type=int, default=5)
+  parser.add_argument("--steps", type=int, default=10, help="steps per timed repetition")
+  parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--backend", choices=["placement", "collective"], default="placement")
+  parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                      help="slice and activation dtype of the mtf cases (masters stay float32)")
+  parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated names of LAYOUTS")
+  parser.add_argument("--sweep", action="store_true", help="data-parallel device-count sweep instead")
+  parser.add_argument("--sweep_devices", default="1,2,4,8,16,32,64")
+  args = parser.parse_args(argv)
+  tf.disable_v2_behavior()
+  tf.logging.set_verbosity(tf.logging.ERROR)
+  cfg = model.Config()
+  dtype = tf.as_dtype(args.dtype)
+  print(f"load average before: {os.getloadavg()}; CPUs: {os.cpu_count()}; backend: {args.backend}; "
+        f"dtype: {args.dtype}")
+  if args.sweep:
+    counts = [int(n) for n in args.sweep_devices.split(",")]
+    num_cpus = max(counts)
+    cases = [build_plain_tf(cfg, num_cpus)]
+    for n in counts:
+      shape, layout = sweep_layout(n)
+      cases.append(build_mtf(cfg, f"{n} devices ({shape}; {layout})", shape, layout, args.backend,
+                             num_cpus, dtype, dtype))
+  else:
+    num_cpus = 8
+    cases = [build_plain_tf(cfg, num_cpus)]
+    if dtype != tf.float32:
+      cases.append(build_plain_tf(cfg, num_cpus, dtype))
+    for name in args.layouts.split(","):
+      shape, layout = LAYOUTS[name]
+      cases.append(build_mtf(cfg, name, shape, layout, args.backend, num_cpus, dtype, dtype))
+  run_interleaved(cases, args.reps, args.steps, args.warmup)
+  print_step_table(cases, cases[0])
+  print(f"\nload average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+  main()
