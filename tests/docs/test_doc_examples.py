@@ -96,13 +96,13 @@ def python_blocks() -> list:
   return [block for block in all_blocks() if block.language == "python"]
 
 
-def commands() -> list:
+def commands(blocks: list) -> list:
   """(block, argv) for each command line shown: shell-block lines, and `$ ` lines elsewhere."""
   found = []
-  for block in all_blocks():
+  for block in blocks:
     if block.language == "python":
       continue
-    for line in block.code.splitlines():
+    for line in block.code.replace("\\\n", " ").splitlines():   # joins continued lines
       line = line.strip()
       if line.startswith("$ "):
         line = line[2:]
@@ -112,6 +112,18 @@ def commands() -> list:
       if argv:
         found.append((block, argv))
   return found
+
+
+def with_model_dir(argv: list, folder: pathlib.Path) -> list:
+  """argv with every --model_dir value replaced by `folder`: the test must not fill the documented
+  folders (a later real run would resume from the test's tiny model)."""
+  out = list(argv)
+  for i, arg in enumerate(out):
+    if arg.startswith("--model_dir="):
+      out[i] = f"--model_dir={folder}"
+    elif arg == "--model_dir" and i + 1 < len(out):
+      out[i + 1] = str(folder)
+  return out
 
 
 def run(argv: list, cwd: pathlib.Path) -> None:
@@ -132,8 +144,8 @@ def command_id(x) -> str:
   return x.where if isinstance(x, Block) else " ".join(x)
 
 
-@pytest.mark.parametrize("block,argv", commands(), ids=command_id)
-def test_command_runs(block, argv):
+@pytest.mark.parametrize("block,argv", commands(all_blocks()), ids=command_id)
+def test_command_runs(block, argv, tmp_path):
   why_not_run = next((why for words, why in NOT_RUN.items() if tuple(argv[:len(words)]) == words), None)
   if why_not_run is not None:
     scripts = [ROOT / word for word in argv if word.endswith((".sh", ".py"))]
@@ -149,7 +161,8 @@ def test_command_runs(block, argv):
   else:
     script = argv[1]
     assert (ROOT / script).is_file(), f"{block.where}: {script} does not exist"
-  run([sys.executable] + argv[1:] + SHORT_SETTINGS.get(script, []), cwd=ROOT)
+  run(with_model_dir([sys.executable] + argv[1:] + SHORT_SETTINGS.get(script, []), tmp_path / "model_dir"),
+      cwd=ROOT)
 
 
 def test_few_python_blocks_are_fragments():
@@ -169,3 +182,17 @@ def test_block_reader_sees_fences_languages_and_fragment_marks(tmp_path):
   assert [(b.line, b.language, b.code, b.fragment) for b in blocks] == [
       (3, "python", "print(1)\n", False), (9, "python", "x\n", True),
       (12, "sh", "python a.py --n 2  # a comment\n", False), (15, "", "$ python b.py\nout\n", False)]
+
+
+def test_commands_are_read_from_shell_blocks_and_prompts_with_continuations(tmp_path):
+  page = tmp_path / "page.md"
+  page.write_text("```sh\n# setup\npython a.py --n 2 \\\n  --m 'x y'  # a comment\n```\n"
+                  "```text\npython not_a_command.py\n```\n```\n$ python b.py\nout\n```\n")
+  assert [argv for _, argv in commands(read_blocks(page))] == [
+      ["python", "a.py", "--n", "2", "--m", "x y"], ["python", "b.py"]]
+
+
+def test_documented_model_dirs_are_replaced_by_a_temporary_folder(tmp_path):
+  argv = ["python", "-m", "m", "--model_dir", "/tmp/a", "--model_dir=/tmp/b", "--x", "1"]
+  assert with_model_dir(argv, tmp_path) == [
+      "python", "-m", "m", "--model_dir", str(tmp_path), f"--model_dir={tmp_path}", "--x", "1"]
