@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from typing import Optional, Sequence
 
 import tensorflow.compat.v1 as tf
@@ -17,6 +18,14 @@ import tensorflow.compat.v1 as tf
 DEVICES_PER_PROCESS_ENV = "MTF_DEVICES_PER_PROCESS"
 TIMEOUT_ENV = "MTF_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 60.0
+
+
+class LostPeerError(RuntimeError):
+  """A collective between tasks failed because a peer task died, hung or became unreachable."""
+
+  def __init__(self, message: str, lost_tasks: Sequence[int]):
+    super().__init__(message)
+    self.lost_tasks = list(lost_tasks)
 
 
 class Cluster:
@@ -122,3 +131,39 @@ class Cluster:
   def session(self, graph=None) -> tf.Session:
     """A session on this task's server that runs this process's part of the program."""
     return tf.Session(self.server().target, graph=graph, config=self.session_config())
+
+  def unreachable_tasks(self, probe_seconds: float = 2.0) -> list:
+    """Tasks (other than this one) whose server no longer accepts connections."""
+    lost = []
+    for task, address in enumerate(self.workers):
+      if task == self.task_index:
+        continue
+      host, port = address.rsplit(":", 1)
+      try:
+        socket.create_connection((host, int(port)), timeout=probe_seconds).close()
+      except OSError:
+        lost.append(task)
+    return lost
+
+  def run(self, sess: tf.Session, fetches, feed_dict=None):
+    """sess.run(fetches), turning a failed collective into a LostPeerError naming the lost task.
+
+    A collective fails after `timeout_seconds` without its peers (or at once if a peer's
+    connection breaks); the lost task is the one whose server stopped answering, else a hung one.
+    """
+    try:
+      return sess.run(fetches, feed_dict=feed_dict)
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+            tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.InternalError) as e:
+      lost = self.unreachable_tasks()
+      if lost:
+        names = ", ".join(f"task {t} ({self.workers[t]})" for t in lost)
+        raise LostPeerError(f"Lost {names}: its server stopped answering while task "
+                            f"{self.task_index} waited for a collective ({type(e).__name__}).",
+                            lost) from e
+      if isinstance(e, tf.errors.DeadlineExceededError):
+        raise LostPeerError(
+            f"Task {self.task_index} waited more than {self.timeout_seconds} s for a collective; "
+            f"every task's server still answers, so a peer is hung (or slower than the timeout: "
+            f"raise it with --timeout / MTF_COLLECTIVE_TIMEOUT).", []) from e
+      raise

@@ -3,12 +3,13 @@
 Run directly (one process, 8 virtual CPUs) or under `python -m mesh_tensorflow.launch`. Every
 task writes its per-step losses and gradients to <out>/rank<R>.json; the chief saves a checkpoint
 after every step. --die_at_step kills task 1 (SIGKILL) there; --restore resumes from the latest
-checkpoint in --ckpt_dir.
+checkpoint in --ckpt_dir. Tests also call `train` in their own process (1 x 8 reference).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -39,63 +40,78 @@ def build(mesh):
   return loss, grads, update
 
 
+LAYOUTS = {  # name: (mesh shape, layout rules)
+    "data": ("all:8", "batch:all"),
+    "model": ("all:8", "hidden:all"),
+    "2d": ("b:2;m:4", "batch:b;hidden:m"),
+}
+
+
+def train(mesh_shape: str, layout: str, steps: int, cluster=None, ckpt_dir: str = "",
+          restore: bool = False, die_at_step: int = -1) -> list:
+  """Runs `steps` SGD steps; returns per step {"step", "loss", "grads"} (grads as nested lists)."""
+  rank = cluster.task_index if cluster else 0
+  with tf.Graph().as_default() as tf_graph:
+    tf.set_random_seed(1)
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    loss, grads, update = build(mesh)
+    mesh_impl = CollectiveMeshImpl(mesh_shape, layout, cluster=cluster,
+                                   devices=None if cluster else ["/cpu:%d" % i for i in range(8)])
+    lowering = mtf.Lowering(graph, {mesh: mesh_impl})
+    fetches = [lowering.export_to_tf_tensor(t) for t in [loss, *grads]]
+    train_op = tf.group([lowering.lowered_operation(op) for op in update])
+    step_var = tf.train.get_or_create_global_step()
+    next_step = tf.assign_add(step_var, 1)
+    save_masters = lowering.copy_slices_to_masters()
+    load_masters = lowering.copy_masters_to_slices()
+    saver = tf.train.Saver(tf.global_variables())
+    if cluster:
+      sess = cluster.session(graph=tf_graph)
+    else:
+      sess = tf.Session(graph=tf_graph, config=tf.ConfigProto(device_count={"CPU": 8}))
+    if ckpt_dir and rank == 0:
+      os.makedirs(ckpt_dir, exist_ok=True)
+    records = []
+    with sess:
+      sess.run(tf.global_variables_initializer())
+      latest = tf.train.latest_checkpoint(ckpt_dir) if restore else None
+      if latest:
+        saver.restore(sess, latest)
+      sess.run(load_masters)
+      run = functools.partial(cluster.run, sess) if cluster else sess.run
+      for _ in range(steps):
+        step = int(sess.run(step_var))
+        if step == die_at_step and rank == 1:
+          os.kill(os.getpid(), signal.SIGKILL)
+        values = run(fetches)
+        run(train_op)
+        sess.run(next_step)
+        records.append({"step": step, "loss": float(values[0]), "grads": [v.tolist() for v in values[1:]]})
+        if ckpt_dir:
+          run(save_masters)  # every task: the gather is collective
+          if rank == 0:
+            saver.save(sess, os.path.join(ckpt_dir, "model"), global_step=step + 1)
+        print(f"step {step} loss {values[0]:.6f}", flush=True)
+  return records
+
+
 def main():
   parser = argparse.ArgumentParser()
-  parser.add_argument("--mesh", default="b:2;m:4")
-  parser.add_argument("--layout", default="batch:b;hidden:m")
-  parser.add_argument("--steps", type=int, default=3)
+  parser.add_argument("--layouts", default="2d", help="comma-separated names from LAYOUTS")
+  parser.add_argument("--steps", type=int, default=2)
   parser.add_argument("--out", required=True)
   parser.add_argument("--ckpt_dir", default="")
   parser.add_argument("--die_at_step", type=int, default=-1)
   parser.add_argument("--restore", action="store_true")
   args = parser.parse_args()
-
-  cluster = Cluster.from_tf_config()
-  rank = cluster.task_index if cluster else 0
   tf.disable_eager_execution()
-  tf.set_random_seed(1)
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  loss, grads, update = build(mesh)
-  mesh_impl = CollectiveMeshImpl(args.mesh, args.layout, cluster=cluster,
-                                 devices=None if cluster else ["/cpu:%d" % i for i in range(8)])
-  lowering = mtf.Lowering(graph, {mesh: mesh_impl})
-  fetches = [lowering.export_to_tf_tensor(t) for t in [loss, *grads]]
-  train_op = tf.group([lowering.lowered_operation(op) for op in update])
-  step_var = tf.train.get_or_create_global_step()
-  next_step = tf.assign_add(step_var, 1)
-  save_masters = lowering.copy_slices_to_masters()
-  load_masters = lowering.copy_masters_to_slices()
-  saver = tf.train.Saver(tf.global_variables())
-  if cluster:
-    sess = cluster.session()
-  else:
-    sess = tf.Session(config=tf.ConfigProto(device_count={"CPU": 8}))
-  if args.ckpt_dir and rank == 0:
-    os.makedirs(args.ckpt_dir, exist_ok=True)
-  with sess:
-    sess.run(tf.global_variables_initializer())
-    latest = tf.train.latest_checkpoint(args.ckpt_dir) if args.restore else None
-    if latest:
-      saver.restore(sess, latest)
-    sess.run(load_masters)
-    records = []
-    for _ in range(args.steps):
-      step = int(sess.run(step_var))
-      if step == args.die_at_step and rank == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-      values = sess.run(fetches)
-      sess.run(train_op)
-      sess.run(next_step)
-      records.append({"step": step, "loss": float(values[0]), "grads": [v.tolist() for v in values[1:]]})
-      if args.ckpt_dir:
-        sess.run(save_masters)  # every task: the gather is collective
-        if rank == 0:
-          saver.save(sess, os.path.join(args.ckpt_dir, "model"), global_step=step + 1)
-      print(f"step {step} loss {values[0]:.6f}", flush=True)
+  cluster = Cluster.from_tf_config()
+  results = {name: train(*LAYOUTS[name], args.steps, cluster, args.ckpt_dir, args.restore, args.die_at_step)
+             for name in args.layouts.split(",")}
   os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-    json.dump(records, f)
+  with open(os.path.join(args.out, f"rank{cluster.task_index if cluster else 0}.json"), "w") as f:
+    json.dump(results, f)
 
 
 if __name__ == "__main__":
