@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import gin
 import numpy as np
@@ -84,6 +85,17 @@ def test_a_checkpoint_of_a_different_model_is_refused_naming_the_variable_and_sh
   with pytest.raises(checkpoints.CheckpointMismatchError,
                      match=r"DenseReluDense/wi/kernel' with shape \[16, 32\].*has shape \[16, 64\]"):
     run(tmp_path, "train")
+
+
+def test_init_checkpoint_warm_starts_a_fresh_model_dir_at_step_zero(tmp_path, corpus, capsys):
+  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.train_steps = 4"])
+  run(tmp_path / "pretrained", "train")
+  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.train_steps = 1"])
+  run(tmp_path / "fine_tuned", "train", init_checkpoint=str(tmp_path / "pretrained" / "model.ckpt-4"))
+  assert re.search(r"Initialised \d+ variables from init_checkpoint .*model.ckpt-4", capsys.readouterr().out)
+  pretrained = dict(progress.read_scalars(str(tmp_path / "pretrained"), "loss"))
+  [(step, loss)] = progress.read_scalars(str(tmp_path / "fine_tuned"), "loss")
+  assert step == 1 and loss < pretrained[1]  # same first batch, but from the trained weights
 
 
 def test_training_continues_under_other_meshes_from_a_batch_8_checkpoint(tmp_path, corpus):
