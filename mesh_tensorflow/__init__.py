@@ -5,7 +5,9 @@ and lower it with `mtf.Lowering(graph, {mesh: mesh_impl})`.
 """
 # ruff: noqa: F401, F403
 from mesh_tensorflow import _cli_quiet  # first: may load TensorFlow quietly for command-line entry points
+from mesh_tensorflow import auto_mtf
 from mesh_tensorflow import beam_search
+from mesh_tensorflow import cost_model
 from mesh_tensorflow import collective_mesh_impl
 from mesh_tensorflow import layers
 from mesh_tensorflow import optimize

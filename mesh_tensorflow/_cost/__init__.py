@@ -1,0 +1,1 @@
+"""The cost model: per-processor compute, communication and memory of a graph under a layout."""

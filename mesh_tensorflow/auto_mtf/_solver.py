@@ -1,0 +1,295 @@
+"""The layout search: exact enumeration under a fast estimate, then exact costing of the best few.
+
+A layout assigns each splittable dimension to at most one mesh dimension that divides it, and no
+tensor may use a mesh dimension twice. These spaces are small (a Transformer has about ten
+splittable dimensions; a 2-D mesh gives each three choices, minus conflicts), so every valid
+assignment is enumerated and scored at once with NumPy by a fast estimate of the cost model:
+FLOPs per processor (exact, per `_cost/flops.py`), the allreduces of contracted split dimensions
+(einsum, reductions), the layout changes of reshapes (the lowering's own planner), variable
+slices and the activation peak under one schedule. The `top_k` best by that estimate are then
+costed exactly (`estimate_cost`: a dry run gives the lowering's true communication) and the
+best of them is returned. No external solver: OR-tools' CP-SAT crashes in a process that has
+loaded TensorFlow 2.21, and a MILP cannot express the max-over-schedule memory peak compactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Optional
+
+import numpy as np
+
+from mesh_tensorflow._core.dims import Shape
+from mesh_tensorflow._core.layout import convert_to_layout_rules
+from mesh_tensorflow._cost import flops as flops_lib
+from mesh_tensorflow._cost import model as cost_model
+from mesh_tensorflow._lowering import plan as plan_lib
+
+MAX_ENUMERATED = 200_000
+_NO_COMM_KINDS = frozenset({"ReshapeOperation", "Variable", "Assign", "Depend"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Solution:
+  """An assignment {tensor dim: mesh dim}, its estimated and (if costed) exact cost."""
+
+  assignment: dict
+  estimated_s: float
+  estimated_memory: float
+  report: Optional[cost_model.CostReport] = None
+
+  @property
+  def layout_string(self) -> str:
+    return ";".join(f"{d}:{m}" for d, m in sorted(self.assignment.items()))
+
+  @property
+  def step_s(self) -> float:
+    return self.report.step_s if self.report else self.estimated_s
+
+
+class Problem:
+  """The layouts of one graph on one mesh, scored by the fast estimate (see the module docstring)."""
+
+  def __init__(self, graph, mesh_shape: Shape, validator, outputs=(), time_model=None, schedule=None):
+    self.graph, self.mesh_shape, self.outputs = graph, mesh_shape, list(outputs)
+    self.time_model = cost_model.time_model_lib.get_time_model(time_model)
+    self.mesh_names = [d.name for d in mesh_shape.dims]
+    self.dims = sorted(
+      d
+      for d in validator.splittable_mtf_dimension_names
+      if any(validator.is_valid_assignment(d, m) for m in self.mesh_names)
+    )
+    self.domains = {
+      d: [None] + [k for k, m in enumerate(self.mesh_names) if validator.is_valid_assignment(d, m)]
+      for d in self.dims
+    }
+    self._index = {d: i for i, d in enumerate(self.dims)}
+    self.conflicts = set()
+    for op in graph.operations:
+      for t in (*op.inputs, *op.outputs):
+        names = [n for n in t.shape.dimension_names if n in self._index]
+        self.conflicts.update(itertools.combinations(sorted(names), 2))
+    self.schedule = schedule
+    self._reshape_memo = {}
+
+  # --- enumeration -----------------------------------------------------------------------------
+  def count_upper_bound(self) -> int:
+    return math.prod(len(v) for v in self.domains.values())
+
+  def assignments(self) -> np.ndarray:
+    """Every valid assignment as rows of mesh axis indices (-1: not split), one column per dim."""
+    rows, current = [], []
+    partners = {d: [e for e in self.dims if (min(d, e), max(d, e)) in self.conflicts] for d in self.dims}
+
+    def extend(i):
+      if i == len(self.dims):
+        rows.append(list(current))
+        return
+      d = self.dims[i]
+      taken = {current[self._index[e]] for e in partners[d] if self._index[e] < i}
+      for axis in self.domains[d]:
+        if axis is None or axis not in taken:
+          current.append(-1 if axis is None else axis)
+          extend(i + 1)
+          current.pop()
+
+    extend(0)
+    return np.array(rows, dtype=np.int64).reshape(len(rows), len(self.dims))
+
+  def to_assignment(self, row) -> dict:
+    return {d: self.mesh_names[a] for d, a in zip(self.dims, row) if a >= 0}
+
+  # --- the fast estimate -------------------------------------------------------------------------
+  def _indicator(self, names) -> np.ndarray:
+    v = np.zeros(len(self.dims))
+    for n in names:
+      if n in self._index:
+        v[self._index[n]] = 1
+    return v
+
+  def _axis_use(self, rows: np.ndarray, groups: np.ndarray) -> list:
+    """Per mesh axis k: (candidates x groups) bool, True where a dim of the group is on axis k."""
+    return [((rows == k).astype(float) @ groups) > 0 for k in range(len(self.mesh_names))]
+
+  def _log_factor(self, uses: list) -> np.ndarray:
+    sizes = [math.log(d.size) for d in self.mesh_shape.dims]
+    return sum(u * s for u, s in zip(uses, sizes)) if uses else 0.0
+
+  def estimate(self, rows: np.ndarray) -> tuple:
+    """(estimated step seconds, estimated bytes of memory) per row; inf seconds for unplannable rows."""
+    tm = self.time_model
+    groups, full = [], []
+    for op in self.graph.operations:
+      f = flops_lib.op_flops(op, Shape([]), convert_to_layout_rules([]))
+      if f:
+        groups.append(self._indicator({d.name for t in (*op.inputs, *op.outputs) for d in t.shape.dims}))
+        full.append(f)
+    seconds = np.zeros(len(rows))
+    if groups:
+      log_factor = self._log_factor(self._axis_use(rows, np.array(groups).T))
+      seconds += (np.exp(-log_factor) @ np.array(full)) / tm.flops_per_s
+    seconds += self._allreduce_seconds(rows) + self._reshape_seconds(rows)
+    return seconds, self._memory(rows)
+
+  def _allreduce_seconds(self, rows: np.ndarray) -> np.ndarray:
+    tm = self.time_model
+    contracted, outs, out_bytes = [], [], []
+    for op in self.graph.operations:
+      if type(op).__name__ in _NO_COMM_KINDS or not op.outputs:
+        continue
+      out_names = {n for t in op.outputs for n in t.shape.dimension_names}
+      gone = {n for t in op.inputs for n in t.shape.dimension_names} - out_names
+      if gone & set(self.dims):
+        contracted.append(self._indicator(gone))
+        outs.append(self._indicator(op.outputs[0].shape.dimension_names))
+        out_bytes.append(op.outputs[0].size * op.outputs[0].dtype.size)
+    if not contracted:
+      return np.zeros(len(rows))
+    uses = self._axis_use(rows, np.array(contracted).T)
+    n = np.exp(self._log_factor(uses))
+    slice_bytes = np.array(out_bytes) * np.exp(-self._log_factor(self._axis_use(rows, np.array(outs).T)))
+    bandwidth = np.full(n.shape, np.inf)
+    latency = np.zeros(n.shape)
+    for k, name in enumerate(self.mesh_names):
+      bandwidth = np.where(uses[k], np.minimum(bandwidth, tm.bandwidth([name])), bandwidth)
+      latency = np.where(uses[k], np.maximum(latency, tm.latency([name])), latency)
+    seconds = np.where(n > 1, latency + 2 * (1 - 1 / n) * slice_bytes / bandwidth, 0.0)
+    return seconds.sum(axis=1)
+
+  def _reshape_seconds(self, rows: np.ndarray) -> np.ndarray:
+    reshapes = [op for op in self.graph.operations if type(op).__name__ == "ReshapeOperation"]
+    out = np.zeros(len(rows))
+    for op in reshapes:
+      x, y = op.inputs[0], op.outputs[0]
+      cols = sorted(
+        {self._index[n] for n in (*x.shape.dimension_names, *y.shape.dimension_names) if n in self._index}
+      )
+      for i, row in enumerate(rows):
+        key = (x.shape, y.shape, tuple(row[cols]), tuple(cols))
+        if key not in self._reshape_memo:
+          self._reshape_memo[key] = self._plan_seconds(x, y, row)
+        out[i] += self._reshape_memo[key]
+    return out
+
+  def _plan_seconds(self, x, y, row) -> float:
+    rules = convert_to_layout_rules(list(self.to_assignment(row).items()))
+    try:
+      steps = plan_lib.plan_reshape(x.shape, y.shape, self.mesh_shape, rules)
+    except (ValueError, NotImplementedError):
+      return math.inf
+    p = self.mesh_shape.size
+    return sum(
+      self.time_model.collective_s(s.bytes_moved(x.dtype.size) / p, [self.mesh_names[s.mesh_axis]])
+      for s in steps[:-1]
+      if s.bytes_moved(x.dtype.size)
+    )
+
+  def _signature(self, tensor) -> tuple:
+    return tuple(sorted(set(tensor.shape.dimension_names) & set(self.dims)))
+
+  def _memory(self, rows: np.ndarray) -> np.ndarray:
+    from mesh_tensorflow.auto_mtf import graph_interface, scheduler
+
+    interface = graph_interface.GraphInterface(self.graph)
+    for t in self.outputs:
+      interface.set_tensor_final(t.name)
+    if self.schedule is None:
+      self.schedule = scheduler.minimize_peak_memory(interface, "LIST")
+    variables = {v.outputs[0].name: v for v in self.graph.all_variables}
+    tensors = {t.name: t for op in self.graph.operations for t in op.outputs}
+    signatures, var_row = {}, {}
+    for t in tensors.values():
+      signatures.setdefault(self._signature(t), len(signatures))
+    steps = []
+    for contents in interface.compute_memory_contents_under_schedule(self.schedule):
+      step = np.zeros(len(signatures))
+      for name in contents:
+        if name not in variables:
+          t = tensors[name]
+          step[signatures[self._signature(t)]] += (
+            t.size * t.dtype.size
+          )
+      steps.append(step)
+    for name in variables:
+      t = tensors[name]
+      key = signatures[self._signature(t)]
+      var_row[key] = var_row.get(key, 0) + t.size * t.dtype.size
+    steps = np.unique(np.array(steps), axis=0) if steps else np.zeros((1, len(signatures)))
+    groups = np.array([self._indicator(sig) for sig in signatures]).T
+    inverse = np.exp(-self._log_factor(self._axis_use(rows, groups)))  # candidates x signatures
+    var_vec = np.zeros(len(signatures))
+    for k, b in var_row.items():
+      var_vec[k] = b
+    peak = np.zeros(len(rows))
+    for start in range(0, len(rows), 4096):
+      chunk = inverse[start : start + 4096]
+      peak[start : start + 4096] = (chunk @ steps.T).max(axis=1) + chunk @ var_vec
+    return peak
+
+
+def search(problem: Problem, memory_limit_bytes: Optional[float] = None, top_k: int = 4) -> Solution:
+  """The best layout of `problem`: estimate every assignment, cost the top_k exactly, keep the best.
+
+  Raises:
+    MemoryError-like ValueError (see api) via `NoLayoutFits` when nothing fits memory_limit_bytes.
+  """
+  if problem.count_upper_bound() > MAX_ENUMERATED:
+    raise ValueError(
+      f"{problem.count_upper_bound()} candidate layouts of dimensions {problem.dims} on mesh "
+      f"{problem.mesh_shape} are too many to enumerate; use a mesh with fewer dimensions."
+    )
+  rows = problem.assignments()
+  seconds, memory = problem.estimate(rows)
+  fits = np.isfinite(seconds)
+  if memory_limit_bytes is not None:
+    fits &= memory <= memory_limit_bytes * 1.25  # the estimate is rough; the exact check follows
+  order = [i for i in np.lexsort((memory, seconds)) if fits[i]]
+  best = None
+  for i in order[:top_k]:
+    assignment = problem.to_assignment(rows[i])
+    report = cost_model.estimate_cost(
+      problem.graph,
+      problem.mesh_shape,
+      list(assignment.items()),
+      problem.outputs,
+      problem.time_model,
+      schedule=problem.schedule,
+    )
+    if memory_limit_bytes is not None and report.memory.total_bytes > memory_limit_bytes:
+      continue
+    candidate = Solution(assignment, float(seconds[i]), float(memory[i]), report)
+    if best is None or (report.step_s, report.memory.total_bytes) < (
+      best.report.step_s,
+      best.report.memory.total_bytes,
+    ):
+      best = candidate
+  if best is None:
+    raise NoLayoutFits(problem, memory_limit_bytes, rows[int(np.argmin(memory))])
+  return best
+
+
+class NoLayoutFits(ValueError):
+  """No layout keeps one processor's memory under the limit."""
+
+  def __init__(self, problem: Problem, limit: float, smallest_row):
+    assignment = problem.to_assignment(smallest_row)
+    report = cost_model.memory_lib.estimate_memory(
+      problem.graph, problem.mesh_shape, list(assignment.items()), problem.outputs, schedule=problem.schedule
+    )
+    largest = ", ".join(f"{n} ({b:,} bytes)" for n, b in report.largest[:3])
+    sizes = {d.name: d.size for op in problem.graph.operations for t in op.outputs for d in t.shape.dims}
+    mesh = {d.name: d.size for d in problem.mesh_shape.dims}
+    stuck = sorted(n for n in sizes if not n.startswith("_anonymous_") and n not in problem.dims)
+    super().__init__(
+      f"No layout fits the memory limit of {limit:,.0f} bytes per processor on mesh {problem.mesh_shape}: "
+      f"the smallest, {';'.join(f'{d}:{m}' for d, m in sorted(assignment.items())) or '(replicated)'}, "
+      f"needs {report.total_bytes:,} bytes ({report.total_bytes - limit:,.0f} over): variables "
+      f"{report.variable_bytes:,}, optimizer state {report.slot_bytes:,}, activation peak "
+      f"{report.activation_peak_bytes:,}, dominated by {largest or 'variables'}. Dimensions no mesh "
+      f"dimension ({mesh}) can split: {', '.join(f'{n}:{sizes[n]}' for n in stuck) or 'none'}. Use more "
+      f"processors, smaller batch or sizes divisible by the mesh dimensions, or fewer outputs kept."
+    )
+    self.excess_bytes = report.total_bytes - limit
+    self.report = report

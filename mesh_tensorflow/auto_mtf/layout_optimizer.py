@@ -1,0 +1,92 @@
+"""LayoutOptimizer: the best layout for a graph and mesh (upstream `auto_mtf.layout_optimizer`).
+
+The objective is the cost model's predicted step time (compute + communication + per-op
+overhead, see `mesh_tensorflow.cost_model`); an optional memory limit per processor is a hard
+constraint. The solver is `_solver.search` (see its docstring for why no external solver).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+from mesh_tensorflow._core.layout import convert_to_layout_rules
+from mesh_tensorflow._cost import model as cost_model
+from mesh_tensorflow.auto_mtf import _solver
+
+SolverError = _solver.NoLayoutFits
+
+
+def _global_var_name(splittable_dimension: str, mesh_dimension: str) -> str:
+  """Name of the decision "split `splittable_dimension` over `mesh_dimension`"."""
+  return f"x_({splittable_dimension}:{mesh_dimension})"
+
+
+def _local_var_name(splittable_dimensions, assignment: dict) -> str:
+  """Name of one operation's local assignment: its splittable dims (sorted), with mesh dims where assigned."""
+  parts = [f"{d}:{assignment[d]}" if d in assignment else d for d in sorted(splittable_dimensions)]
+  return "y_(" + ",".join(parts) + ")"
+
+
+def _generate_assignments(splittable_dimensions, mesh_dimension_to_size: dict) -> list:
+  """Every injective map of some splittable dimensions to distinct mesh dimensions (the empty one too)."""
+  assignments = []
+  for n in range(1 + min(len(splittable_dimensions), len(mesh_dimension_to_size))):
+    for dims in itertools.combinations(sorted(splittable_dimensions), n):
+      for mesh_dims in itertools.permutations(sorted(mesh_dimension_to_size), n):
+        assignments.append(dict(zip(dims, mesh_dims)))
+  return assignments
+
+
+class LayoutOptimizer:
+  """Finds the layout with the lowest predicted step time (within a memory limit, if given).
+
+  Args:
+    memory_estimator: a MemoryEstimator (graph, mesh shape, outputs).
+    scheduler_alg: "LIST" or "NAIVE", the operation order for the activation peak.
+    memory_limit_bytes: the most one processor may hold, or None.
+    time_model: a TimeModel or a preset name ("cpu", "gpu", "tpu").
+  """
+
+  def __init__(
+    self,
+    memory_estimator,
+    scheduler_alg: str = "LIST",
+    memory_limit_bytes: Optional[float] = None,
+    time_model=None,
+  ):
+    from mesh_tensorflow.auto_mtf import scheduler
+
+    self._memory_estimator = memory_estimator
+    self._graph = memory_estimator.get_graph_interface()
+    self._memory_limit_bytes = memory_limit_bytes
+    schedule = scheduler.minimize_peak_memory(self._graph, scheduler_alg)
+    self._model = _solver.Problem(
+      memory_estimator.mtf_graph,
+      memory_estimator.mesh_shape,
+      memory_estimator.get_layout_validator(),
+      memory_estimator.mtf_outputs,
+      time_model,
+      schedule,
+    )
+    self.solution: Optional[_solver.Solution] = None
+
+  def solve(self) -> str:
+    """The best layout as a rules string ("a:m2;c:m1"); the Solution is kept in `self.solution`."""
+    self.solution = _solver.search(self._model, self._memory_limit_bytes)
+    return self.solution.layout_string
+
+  def evaluate_layout(self, layout: str) -> float:
+    """Predicted step time (seconds) of `layout` under the cost model."""
+    return self.cost_report(layout).step_s
+
+  def cost_report(self, layout) -> cost_model.CostReport:
+    model = self._model
+    return cost_model.estimate_cost(
+      model.graph,
+      model.mesh_shape,
+      convert_to_layout_rules(layout),
+      model.outputs,
+      model.time_model,
+      schedule=model.schedule,
+    )

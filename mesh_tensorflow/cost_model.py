@@ -1,0 +1,16 @@
+"""The cost model (public): what a layout costs each processor, and a predicted step time.
+
+    report = mtf.cost_model.estimate_cost(graph, "batch:2;model:4", "batch:batch;d_ff:model")
+    report.step_s, report.flops, report.comm_bytes_by_kind(), report.memory.total_bytes
+
+Communication comes from a dry run (`mtf.dry_run`), so it is exactly what the lowering sends; FLOPs
+follow `_cost/flops.py`'s model; memory counts variable and optimizer slices and the activation
+peak under a schedule; `TimeModel` (presets CPU, GPU, TPU, or `calibrate(devices)`) turns these
+into seconds.
+"""
+
+# ruff: noqa: F401
+from mesh_tensorflow._cost.flops import op_flops, per_processor_elements
+from mesh_tensorflow._cost.memory import MemoryReport, estimate_memory
+from mesh_tensorflow._cost.model import CostReport, estimate_cost
+from mesh_tensorflow._cost.time_model import CPU, GPU, PRESETS, TPU, TimeModel, calibrate, get_time_model
