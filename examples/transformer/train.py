@@ -187,8 +187,9 @@ def main(argv=None) -> dict:
     summary["exact_match"] = metrics["transduction"]["exact_match"]
     print(f"\nheld-out exact match: {summary['exact_match']:.3f}")
   summary["total_seconds"] = time.time() - started
-  print(f"done in {summary['total_seconds']:.0f}s (first training step after "
-        f"{trained['first_step_seconds'] or 0:.0f}s)")
+  first_step = trained["first_step_seconds"]
+  print(f"done in {summary['total_seconds']:.0f}s (" + (f"first training step after {first_step:.0f}s)"
+                                                        if first_step is not None else "already trained)"))
   return summary
 
 
