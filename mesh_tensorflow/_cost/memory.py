@@ -6,6 +6,8 @@ import dataclasses
 
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow._core.dims import convert_to_shape
+from mesh_tensorflow._core.layout import convert_to_layout_rules
 from mesh_tensorflow._cost.flops import per_processor_elements
 
 
@@ -36,6 +38,8 @@ def estimate_memory(
   their last consumer, in the order of `schedule` (default: `scheduler.minimize_peak_memory`).
   """
   from mesh_tensorflow.auto_mtf import graph_interface, scheduler
+
+  mesh_shape, layout_rules = convert_to_shape(mesh_shape), convert_to_layout_rules(layout_rules)
 
   variables = set(graph.all_variables)
   var_bytes = {v: slice_bytes(v.outputs[0], mesh_shape, layout_rules) for v in variables}

@@ -1,0 +1,77 @@
+"""layout_optimizer: variable names, assignments, solve and evaluate_layout (upstream conventions)."""
+
+import io
+
+import tensorflow.compat.v1 as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.auto_mtf import layout_optimizer, memory_estimator, print_cp_model_solution
+
+
+def _optimizer(memory_limit_bytes=None):
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "my_mesh")
+  x = mtf.zeros(mesh, "a:10,b:5")
+  y = mtf.zeros(mesh, "b:5,c:20")
+  z = mtf.einsum([x, y], "a:10,c:20")
+  estimator = memory_estimator.MemoryEstimator(graph, mtf.convert_to_shape("m1:2;m2:2"), [z])
+  return layout_optimizer.LayoutOptimizer(estimator, memory_limit_bytes=memory_limit_bytes)
+
+
+class VariableNamesTest(tf.test.TestCase):
+
+  def test_global_var_name(self):
+    self.assertEqual(layout_optimizer._global_var_name("cake", "lie"), "x_(cake:lie)")
+
+  def test_local_var_name_lists_sorted_dims_with_their_mesh_dims(self):
+    self.assertEqual(layout_optimizer._local_var_name(frozenset(), {}), "y_()")
+    self.assertEqual(layout_optimizer._local_var_name(frozenset(["channel", "width"]), {}),
+                     "y_(channel,width)")
+    self.assertEqual(layout_optimizer._local_var_name(frozenset(["width", "height", "channel"]),
+                                                      {"channel": "y", "height": "x"}),
+                     "y_(channel:y,height:x,width)")
+
+
+class AssignmentsTest(tf.test.TestCase):
+
+  def test_generate_assignments_maps_each_mesh_dim_at_most_once(self):
+    assignments = layout_optimizer._generate_assignments({"s1", "s2", "s3"}, {"m1": 4, "m2": 8})
+    self.assertIn({}, assignments)
+    self.assertIn({"s3": "m2"}, assignments)
+    self.assertIn({"s1": "m2", "s2": "m1"}, assignments)
+    self.assertNotIn({"s1": "m2", "s3": "m2"}, assignments)
+    self.assertLen(assignments, 1 + 6 + 6)
+
+
+class LayoutOptimizerTest(tf.test.TestCase):
+
+  def test_solve_splits_both_free_dimensions(self):
+    optimizer = _optimizer()
+    layout = optimizer.solve()
+    self.assertIn(layout, ("a:m1;c:m2", "a:m2;c:m1"))
+    self.assertEqual(optimizer._graph.get_num_operations(), 3)
+
+  def test_evaluate_layout_prefers_splitting(self):
+    optimizer = _optimizer()
+    self.assertAlmostEqual(optimizer.evaluate_layout("a:m1;c:m2"), optimizer.evaluate_layout("a:m2;c:m1"))
+    self.assertLess(optimizer.evaluate_layout("a:m1;c:m2"), optimizer.evaluate_layout("a:m1"))
+    self.assertLess(optimizer.evaluate_layout("a:m1"), optimizer.evaluate_layout(""))
+
+  def test_solver_error_says_by_how_much_and_which_tensors_dominate(self):
+    optimizer = _optimizer(memory_limit_bytes=100)
+    with self.assertRaisesRegex(layout_optimizer.SolverError, r"over\).*dominated by einsum:0") as cm:
+      optimizer.solve()
+    self.assertGreater(cm.exception.excess_bytes, 0)
+    self.assertIn("b:5", str(cm.exception))  # b: no mesh dimension can split it
+
+  def test_print_solution_prints_the_decisions(self):
+    optimizer = _optimizer()
+    optimizer.solve()
+    out = io.StringIO()
+    print_cp_model_solution.print_solution(optimizer._model, optimizer.solution, file=out)
+    lines = out.getvalue().splitlines()
+    assignment = optimizer.solution.assignment
+    expected = [f"x_({d}:{m}) = {int(assignment.get(d) == m)}" for d in ("a", "c") for m in ("m1", "m2")]
+    self.assertEqual(lines[:-1], expected)
+    self.assertEqual(sum(line.endswith("= 1") for line in lines), 2)
+    self.assertIn("predicted step", lines[-1])
