@@ -8,10 +8,19 @@ import re
 
 import pytest
 import tensorflow as tf2
+import tensorflow.compat.v1 as tf
 
 from examples import classifier
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def keep_tf_log_verbosity():
+  """The scripts' main() sets TF's log verbosity for the whole process; later tests need it back."""
+  verbosity = tf.logging.get_verbosity()
+  yield
+  tf.logging.set_verbosity(verbosity)
 
 
 def load_benchmark():

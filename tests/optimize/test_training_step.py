@@ -16,6 +16,15 @@ from tests.optimize.test_optimizers import evaluate_at_step
 STUCK = "the global step is still"
 
 
+@pytest.fixture(autouse=True)
+def warnings_logged():
+  """TF logs warnings (a script run earlier in the process may have raised the verbosity)."""
+  verbosity = tf.logging.get_verbosity()
+  tf.logging.set_verbosity(tf.logging.WARN)
+  yield
+  tf.logging.set_verbosity(verbosity)
+
+
 def hand_written_loop(steps: int, increment: bool) -> None:
   """Trains w[a, b] with a default AdafactorOptimizer for `steps` session runs (graph mode)."""
   with tf.Graph().as_default():
