@@ -23,6 +23,8 @@ setup(
         "docs": ["pdoc>=14"],
         # The Transformer example's loss-curve picture (it runs without, saying so).
         "examples": ["matplotlib"],
+        # mtf.explain's tiling and communication pictures (it explains in text without).
+        "plot": ["matplotlib"],
     },
     classifiers=[
         "License :: OSI Approved :: Apache Software License",

@@ -8,6 +8,7 @@ from mesh_tensorflow import _cli_quiet  # first: may load TensorFlow quietly for
 from mesh_tensorflow import auto_mtf
 from mesh_tensorflow import beam_search
 from mesh_tensorflow import cost_model
+from mesh_tensorflow.explain import explain
 from mesh_tensorflow import collective_mesh_impl
 from mesh_tensorflow import layers
 from mesh_tensorflow import optimize

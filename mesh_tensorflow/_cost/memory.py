@@ -59,7 +59,8 @@ def estimate_memory(
     total = sum(sizes.get(name, 0) for name in contents)
     if total > peak:
       peak, peak_contents = total, contents
-  largest = sorted(((name, sizes[name]) for name in peak_contents if name in sizes), key=lambda x: -x[1])
+  by_size = sorted((-sizes[name], name) for name in peak_contents if name in sizes)
+  largest = [(name, -negative_size) for negative_size, name in by_size]
   return MemoryReport(
     variable_bytes=sum(b for v, b in var_bytes.items() if v.trainable),
     slot_bytes=sum(b for v, b in var_bytes.items() if not v.trainable),

@@ -1,0 +1,1 @@
+"""Internals of `mtf.explain`: the gin Transformer graph builder, the report and the plots."""

@@ -1,0 +1,150 @@
+"""The explanation of a layout: the collectives table, per-processor memory and avoidable communication."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+
+from mesh_tensorflow._core.layout import convert_to_layout_rules
+from mesh_tensorflow._cost import model as cost_model
+
+
+@dataclasses.dataclass(frozen=True)
+class Warning_:
+  """Communication a different layout rule would avoid."""
+
+  rule: str
+  bytes_per_processor: float
+  ops: tuple
+  kinds: tuple
+  fix: str
+  predicted_s: float
+  fixed_s: float
+
+  def __str__(self):
+    what = "a sequence-split attention layout: " if self.rule.split(":")[0] in _SEQUENCE else ""
+    return (
+      f"WARNING: {what}the rule {self.rule} makes {self.bytes_per_processor:,.0f} bytes per processor of "
+      f"{'/'.join(self.kinds)} in {len(self.ops)} op(s) ({', '.join(self.ops[:3])}"
+      f"{', ...' if len(self.ops) > 3 else ''}). Fix: {self.fix} (estimated step "
+      f"{self.predicted_s * 1e3:.3f} ms -> {self.fixed_s * 1e3:.3f} ms)."
+    )
+
+
+_SEQUENCE = frozenset({"length", "memory_length", "memory", "sequence"})
+
+
+def _rules_of(layout_rules) -> list:
+  return sorted((d, m if isinstance(m, str) else m) for d, m in convert_to_layout_rules(layout_rules)._pairs)
+
+
+def event_rules(graph, report) -> dict:
+  """{"dim:mesh_dim": [events]}: each event goes to the rules on its mesh axes that split its op's dims."""
+  ops = {op.name: op for op in graph.operations}
+  for op in graph.operations:
+    for nested in op.nested_operations():
+      ops.setdefault(nested.name, nested)
+  mesh_names = [d.name for d in report.mesh_shape.dims]
+  out = collections.defaultdict(list)
+  for e in report.events:
+    op = ops.get(e.op_name)
+    dims = {n for t in (*op.inputs, *op.outputs) for n in t.shape.dimension_names} if op else set()
+    for d, m in _rules_of(report.layout_rules):
+      if d in dims and m in mesh_names and mesh_names.index(m) in e.mesh_axes:
+        out[f"{d}:{m}"].append(e)
+  return out
+
+
+def avoidable_communication(graph, report, outputs=(), threshold: float = 0.01) -> list:
+  """Warnings for rules whose communication another rule would avoid, each with the best such rule.
+
+  A rule is flagged when it makes a reshape or rename move data (the dimension and its renamed
+  copy are laid out differently, as when attention renames a split sequence), or when removing it
+  or moving its mesh dimension to another dimension makes the step more than `threshold`
+  (relative) faster. Alternatives are scored by the layout search's fast estimate.
+  """
+  from mesh_tensorflow.auto_mtf import _solver, valid_layouts
+
+  validator = valid_layouts.LayoutValidator(graph, report.mesh_shape)
+  problem = _solver.Problem(graph, report.mesh_shape, validator, outputs, report.time_model)
+  current = dict(_rules_of(report.layout_rules))
+  current = {d: m for d, m in current.items() if d in problem.dims}
+  warnings = []
+  for rule, events in sorted(event_rules(graph, report).items()):
+    dim, mesh_dim = rule.split(":")
+    if dim not in current:
+      continue
+    alternatives = [({d: m for d, m in current.items() if d != dim}, f"drop the rule {rule}")]
+    for other in problem.dims:
+      if other not in current and validator.is_valid_assignment(other, mesh_dim):
+        alt = {d: m for d, m in current.items() if d != dim}
+        alt[other] = mesh_dim
+        alternatives.append((alt, f"replace {rule} with {other}:{mesh_dim}"))
+    rows = [_row(problem, a) for a in [current] + [a for a, _ in alternatives]]
+    valid = [i for i, r in enumerate(rows) if r is not None]
+    seconds, _ = problem.estimate(np.array([rows[i] for i in valid]))
+    scores = dict(zip(valid, seconds))
+    best = min((i for i in valid if i > 0), key=lambda i: scores[i], default=None)
+    # Layout changes in a reshape or rename are avoidable by construction: a dimension and its
+    # renamed copy are laid out differently (a split sequence is all-gathered for attention).
+    relayout = any(e.reason == "reshape_op" and e.bytes_sent for e in events)
+    if 0 in scores and best is not None and (relayout or scores[best] < scores[0] * (1 - threshold)):
+      warnings.append(
+        Warning_(
+          rule=rule,
+          bytes_per_processor=sum(e.bytes_per_processor for e in events),
+          ops=tuple(dict.fromkeys(e.op_name for e in events)),
+          kinds=tuple(sorted({e.kind for e in events})),
+          fix=alternatives[best - 1][1],
+          predicted_s=float(scores[0]),
+          fixed_s=float(scores[best]),
+        )
+      )
+  return sorted(warnings, key=lambda w: -w.bytes_per_processor)
+
+
+def _row(problem, assignment: dict):
+  """The assignment as a solver row, or None if it breaks a per-tensor constraint."""
+  row = [problem.mesh_names.index(assignment[d]) if d in assignment else -1 for d in problem.dims]
+  for a, b in problem.conflicts:
+    ra, rb = row[problem.dims.index(a)], row[problem.dims.index(b)]
+    if ra >= 0 and ra == rb:
+      return None
+  return row
+
+
+def format_report(graph, report: cost_model.CostReport, warnings) -> str:
+  """The text explanation: collectives table, memory, time and warnings."""
+  ops = {op.name: op for op in graph.operations}
+  lines = [
+    f"Layout {';'.join(f'{d}:{m}' for d, m in _rules_of(report.layout_rules)) or '(replicated)'} "
+    f"on mesh {report.mesh_shape} ({report.mesh_shape.size} processors)",
+    "",
+    f"{'op':40} {'tensor':32} {'kind':10} {'bytes/proc':>12} {'mesh dims':12} why",
+  ]
+  for e in report.events:
+    op = ops.get(e.op_name)
+    tensor = op.outputs[0].name if op is not None and op.outputs else ""
+    mesh_dims = ",".join(cost_model.mesh_dim_names(report.mesh_shape, e.mesh_axes))
+    loop = f" (per iteration of {e.in_loop})" if e.in_loop else ""
+    lines.append(
+      f"{e.op_name[:40]:40} {tensor[:32]:32} {e.kind:10} {e.bytes_per_processor:12,.0f} "
+      f"{mesh_dims:12} {e.reason}{loop}"
+    )
+  if not report.events:
+    lines.append("(no communication)")
+  m = report.memory
+  lines += [
+    "",
+    f"Collectives: {len(report.events)}, {report.comm_bytes_per_processor:,.0f} bytes sent per processor.",
+    f"Memory per processor: variables {m.variable_bytes:,} + optimizer state {m.slot_bytes:,} + activation "
+    f"peak {m.activation_peak_bytes:,} = {m.total_bytes:,} bytes.",
+    f"Compute per processor: {report.flops:,} FLOPs.",
+    f"Predicted step ({report.time_model.name} time model): {report.step_s * 1e3:.3f} ms = compute "
+    f"{report.compute_s * 1e3:.3f} + communication {report.comm_s * 1e3:.3f} + op overhead "
+    f"{report.overhead_s * 1e3:.3f}.",
+  ]
+  lines += [""] + [str(w) for w in warnings] if warnings else ["", "No avoidable communication found."]
+  return "\n".join(lines)

@@ -1,0 +1,103 @@
+"""mtf.explain and `python -m mesh_tensorflow.explain`: the collectives table, memory, warnings, pictures."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.explain import main as explain_main
+from tests.lowering.test_communication import FAMILIES, _build
+
+TINY_LM = [
+  "--gin_file",
+  "models/lm_base.gin",
+  "--gin_param",
+  "num_layers = 1",
+  "--gin_param",
+  "d_model = 32",
+  "--gin_param",
+  "d_ff = 64",
+  "--gin_param",
+  "d_kv = 4",
+  "--gin_param",
+  "num_heads = 4",
+  "--batch",
+  "4",
+  "--length",
+  "8",
+  "--vocab_size",
+  "32",
+]
+
+
+def test_explain_lists_every_collective_with_op_kind_bytes_mesh_dims_and_reason():
+  build_fn, mesh_shape, layout = FAMILIES["einsum"]
+  graph, _, _ = _build(build_fn)
+  out = io.StringIO()
+  explanation = mtf.explain(graph, mesh_shape, layout, file=out)
+  text = out.getvalue()
+  assert explanation.text in text and explanation.report.events
+  for e in explanation.report.events:
+    assert f"{e.kind:10} {e.bytes_per_processor:12,.0f}" in text
+    assert e.reason in text
+  assert "Memory per processor" in text and "Predicted step" in text
+
+
+def test_a_sequence_split_attention_layout_is_flagged_with_its_fix(capsys, tmp_path):
+  assert (
+    explain_main(
+      TINY_LM
+      + [
+        "--mesh_shape",
+        "batch:2;model:4",
+        "--layout",
+        "batch:batch;length:model",
+        "--plot_dir",
+        str(tmp_path),
+        "--plot_format",
+        "svg",
+      ]
+    )
+    == 0
+  )
+  text = capsys.readouterr().out
+  warning = next(line for line in text.splitlines() if line.startswith("WARNING"))
+  assert "sequence-split attention layout" in warning and "length:model" in warning
+  assert "Fix: " in warning and (
+    "drop the rule length:model" in warning or "replace length:model with" in warning
+  )
+  for name in ("tiling.svg", "comm_per_layer.svg"):
+    assert os.path.getsize(tmp_path / name) > 0
+
+
+def test_the_usual_model_parallel_layout_gets_no_relayout_warning(capsys):
+  assert (
+    explain_main(
+      TINY_LM
+      + ["--mesh_shape", "batch:2;model:4", "--layout", "batch:batch;d_ff:model;heads:model;vocab:model"]
+    )
+    == 0
+  )
+  assert "sequence-split" not in capsys.readouterr().out
+
+
+def test_pictures_without_matplotlib_say_how_to_install_it(monkeypatch, tmp_path):
+  import builtins
+
+  real_import = builtins.__import__
+
+  def no_matplotlib(name, *args, **kwargs):
+    if name.startswith("matplotlib"):
+      raise ImportError("No module named 'matplotlib'")
+    return real_import(name, *args, **kwargs)
+
+  monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+  build_fn, mesh_shape, layout = FAMILIES["einsum"]
+  graph, _, _ = _build(build_fn)
+  try:
+    mtf.explain(graph, mesh_shape, layout, file=io.StringIO(), plot_dir=str(tmp_path))
+  except ImportError as e:
+    assert "pip install 'mesh-tensorflow[plot]'" in str(e)
+  else:
+    raise AssertionError("expected an ImportError")
