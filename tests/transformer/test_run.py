@@ -12,7 +12,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow.transformer import utils
-from mesh_tensorflow.transformer._train import checkpoints, progress
+from mesh_tensorflow.transformer._train import checkpoints, decode, progress
 from tests.transformer import tiny_run
 
 
@@ -70,12 +70,21 @@ def test_train_then_perplexity_eval_then_infer_then_score_and_export(tmp_path, c
 
   export_dir = run(model_dir, "export_infer", export_path=str(tmp_path / "export"))
   assert export_dir == str(tmp_path / "export" / "6")
+  outputs = run_saved_model(export_dir, "outputs", inputs=["line 3: the"] + [""] * 7)
+  assert outputs.shape == (8,) and outputs[0].decode() == decodes[0]
+  export_dir = run(model_dir, "export_score", export_path=str(tmp_path / "export_score"))
+  exported_scores = run_saved_model(export_dir, "scores", inputs=[""] * 8,
+                                    targets=["line 1: the quick", "zzzz qqqq xxxx"] + [""] * 6)
+  np.testing.assert_allclose(exported_scores[:2], scores, rtol=1e-5)
+
+
+def run_saved_model(export_dir: str, output: str, **texts):
+  """Loads a SavedModel (its main op fills the per-device slices) and runs its serving signature."""
   with tf.Graph().as_default(), tf.Session(config=tf.ConfigProto(device_count={"CPU": 8})) as sess:
     signature = tf.saved_model.loader.load(sess, [tf.saved_model.SERVING], export_dir).signature_def
     signature = signature["serving_default"]
-    outputs = sess.run(signature.outputs["outputs"].name,
-                       {signature.inputs["inputs"].name: np.array(["line 3: the"] + [""] * 7)})
-  assert outputs.shape == (8,) and outputs[0].decode() == decodes[0]
+    return sess.run(signature.outputs[output].name,
+                    {signature.inputs[k].name: np.array(v) for k, v in texts.items()})
 
 
 def test_a_checkpoint_of_a_different_model_is_refused_naming_the_variable_and_shapes(tmp_path, corpus):
@@ -128,3 +137,9 @@ def test_bad_configurations_fail_before_any_training_step(tmp_path, corpus, bind
     utils.run(tpu_job_name=None, tpu=None, gcp_project=None, tpu_zone=None, model_dir=str(tmp_path))
   assert not checkpoints.list_checkpoints(str(tmp_path))
   assert not progress.read_scalars(str(tmp_path), "loss")
+
+
+def test_prompts_keep_their_end_and_other_inputs_their_start():
+  assert decode.fit_to_length([5, 6, 7, 8, 9], 4, is_prompt=True) == [7, 8, 9]   # room for one more
+  assert decode.fit_to_length([5, 6, 7, 8, 9], 4, is_prompt=False) == [5, 6, 7, 8]
+  assert decode.clean_ids([5, 6, 0, 7, 1, 8, 0]) == [5, 6, 7]

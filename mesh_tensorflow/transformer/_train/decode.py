@@ -33,21 +33,25 @@ def clean_ids(ids: Sequence[int], eos_id: int = EOS_ID) -> list:
   return [i for i in ids if i != 0]
 
 
-def decode_ids(runner: loop.ModelRunner, inputs: Sequence[Sequence[int]], checkpoint: str) -> list:
-  """Decoded id lists (cleaned) for each input id list, in order.
+def fit_to_length(ids, length: int, is_prompt: bool):
+  """A prompt keeps its last length - 1 ids (room to continue it), other inputs their first length.
 
-  For a language model, the prompt keeps its last `targets length - 1` ids so there is room to
-  continue it.
+  Works on lists and on 1-D TF tensors alike.
   """
+  return ids[-(length - 1):] if is_prompt else ids[:length]
+
+
+def decode_ids(runner: loop.ModelRunner, inputs: Sequence[Sequence[int]], checkpoint: str) -> list:
+  """Decoded id lists (cleaned) for each input id list (see fit_to_length), in order."""
   length = _input_length(runner)
-  keep = length - 1 if model_fn.is_unitransformer(runner.model) else length
+  is_prompt = model_fn.is_unitransformer(runner.model)
   outputs = []
   with loop.restored_session(runner, "infer", {"inputs": length}, checkpoint) as (session, placeholders, out):
     for start in range(0, len(inputs), runner.batch_size):
       chunk = inputs[start:start + runner.batch_size]
       batch = np.zeros([runner.batch_size, length], np.int32)
       for i, ids in enumerate(chunk):
-        ids = list(ids)[-keep:]
+        ids = fit_to_length(list(ids), length, is_prompt)
         batch[i, :len(ids)] = ids
       decoded = session.run(out["outputs"], {placeholders["inputs"]: batch})
       outputs.extend(clean_ids(row) for row in decoded[:len(chunk)])

@@ -16,13 +16,13 @@ from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer._train import decode, eval as eval_lib, loop, model_fn
 
 
-def _encode_batch(vocabulary, texts, length: int, append_eos: bool, keep_last: int):
-  """[batch] strings -> [batch, length] int32 ids, zero padded; each keeps its last `keep_last` ids."""
+def _encode_batch(vocabulary, texts, length: int, append_eos: bool, is_prompt: bool):
+  """[batch] strings -> [batch, length] int32 ids, zero padded, cut by decode.fit_to_length."""
   def encode_one(text):
     ids = vocabulary.encode_tf(text)
     if append_eos:
       ids = tf.concat([ids, [decode.EOS_ID]], 0)
-    ids = ids[-keep_last:]
+    ids = decode.fit_to_length(ids, length, is_prompt)
     return tf.pad(ids, [[0, length - tf.shape(ids)[0]]])
   ids = tf.map_fn(encode_one, texts, fn_output_signature=tf.int32)
   return tf.reshape(ids, [texts.shape[0], length])
@@ -42,13 +42,12 @@ def export_model(runner: loop.ModelRunner, vocabulary, checkpoint: str, export_d
     if score:
       texts["targets"] = tf.placeholder(tf.string, [runner.batch_size], name="targets")
       lengths = eval_lib.model_feature_lengths(runner.model, runner.sequence_length)
-      features = {k: _encode_batch(inputs_vocab if k == "inputs" else targets_vocab, texts[k], n, True, n)
+      features = {k: _encode_batch(inputs_vocab if k == "inputs" else targets_vocab, texts[k], n, True, False)
                   for k, n in lengths.items()}
       mode = "eval"
     else:
       length = runner.sequence_length["targets" if lm else "inputs"]
-      features = {"inputs": _encode_batch(inputs_vocab, texts["inputs"], length, not lm,
-                                          length - 1 if lm else length)}
+      features = {"inputs": _encode_batch(inputs_vocab, texts["inputs"], length, not lm, lm)}
       mode = "infer"
     mesh_impl = model_fn.make_mesh_impl(runner.mesh_shape, runner.layout_rules, runner.mesh_devices)
     built = model_fn.build_model_graph(runner.model, features, mode, mesh_impl, runner.variable_dtype,
