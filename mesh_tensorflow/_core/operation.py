@@ -76,6 +76,15 @@ class Operation:
     return self._unsplittable_dims
 
   @property
+  def layout_unsplittable_dims(self) -> frozenset:
+    """The dims the layout check keeps whole: `unsplittable_dims`, unless an op overrides it.
+
+    A few ops (conv back-prop, generic gradients) declare every dim splittable, as the original
+    library did and as its tests read, yet can't lower a split spatial dim; they override this.
+    """
+    return self.unsplittable_dims
+
+  @property
   def to_string(self) -> str:
     return "%s[Inputs=(%s) Outputs=(%s)]" % (
         type(self).__name__,

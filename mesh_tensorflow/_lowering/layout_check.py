@@ -55,7 +55,7 @@ def _operations(graph: Graph, mesh: Optional[Mesh]) -> Iterator[Operation]:
 
 
 def _check_splits_only_splittable_dims(op: Operation, mesh_shape: Shape, layout_rules: LayoutRules) -> None:
-  for name in sorted(op.unsplittable_dims):
+  for name in sorted(op.layout_unsplittable_dims):
     mesh_axis = layout_rules.tensor_dimension_to_mesh_axis(Dimension(name, 0), mesh_shape)
     if mesh_axis is None:
       continue

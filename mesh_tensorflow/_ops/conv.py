@@ -280,8 +280,8 @@ class Conv3dTransposeOperation(_ConvOperation):
 # ---- gradients ----
 
 class _ConvBackpropOperation(Operation):
-  """Common arguments of the two conv backprop ops; spatial and filter-spatial dims are unsplittable,
-  as for the forward convolution. They have no gradient themselves (no second-order gradients)."""
+  """Common arguments of the two conv backprop ops; the layout check keeps spatial and filter-spatial
+  dims whole, as for the forward convolution. They have no gradient (no second-order gradients)."""
 
   def __init__(self, conv_dimension: int, is_transpose: bool, inputs, strides, padding, name: str):
     super().__init__(inputs, name=name)
@@ -299,10 +299,15 @@ class _ConvBackpropOperation(Operation):
     self._outputs = [Tensor(self, output_shape, dy.dtype)]
     cd = self._conv_dimension
     spatial_dims = input_shape.dims[-(cd + 1):-1] + filter_shape.dims[:cd]
-    self._splittable_dims, self._unsplittable_dims = self._initialize_splittable_and_unsplittable_dims(
-        "splittable", [d.name for d in spatial_dims])
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
+    self._spatial_dim_names = frozenset(d.name for d in spatial_dims)
     # The channel dim on dy's side of the conv: summed over when going back to the input.
     self._dy_channel_dim = filter_shape.dims[cd + (0 if self._is_transpose else 1)]
+
+  @property
+  def layout_unsplittable_dims(self) -> frozenset:
+    """Spatial and filter-spatial dims: declared splittable (as upstream), but never split here."""
+    return self._spatial_dim_names
 
   def unsplittable_reason(self, dim_name: str) -> str:
     return _conv_unsplittable_reason(dim_name)

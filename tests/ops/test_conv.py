@@ -143,20 +143,23 @@ def test_conv_output_shape_names_and_splittability(kind):
   suffix = "_transpose" if transpose else ""
   assert [g.name for g in grad_ops] == ["conv%dd%s_backprop" % (cd, suffix),
                                         "conv%dd%s_backprop_filter" % (cd, suffix)]
-  for g in grad_ops:
-    assert g.unsplittable_dims == spatial
-    assert g.splittable_dims == {"b", "c", "o"}
+  for g in grad_ops:  # declared as upstream did; the layout check still keeps spatial dims whole
+    assert g.unsplittable_dims == frozenset()
+    assert g.splittable_dims == spatial | {"b", "c", "o"}
+    assert g.layout_unsplittable_dims == spatial
   assert [t.shape for t in op.gradient([mtf.ones(x.mesh, out)])] == [x.shape, f.shape]
 
 
-def test_conv_backprop_ops_constructed_directly_keep_spatial_dims_unsplittable():
+def test_conv_backprop_ops_declare_all_dims_splittable_but_the_layout_check_keeps_spatial_dims_whole():
   x, f = _graph_tensors("b:2;h:4;w:4;c:3", "fh:3;fw:3;c:3;o:5")
   dy = mtf.zeros(x.mesh, "b:2;h:4;w:4;o:5")
   strides = [1, 1, 1, 1]
   op = mtf.Conv2or3dBackpropInputOperation(2, False, x.shape, f, dy, strides, "SAME")
-  assert op.outputs[0].shape == x.shape and op.unsplittable_dims == {"h", "w", "fh", "fw"}
+  assert op.outputs[0].shape == x.shape and not op.unsplittable_dims
+  assert op.layout_unsplittable_dims == {"h", "w", "fh", "fw"}
   op = mtf.Conv2or3dBackpropFilterOperation(2, False, x, f.shape, dy, strides, "SAME")
-  assert op.outputs[0].shape == f.shape and op.unsplittable_dims == {"h", "w", "fh", "fw"}
+  assert op.outputs[0].shape == f.shape and not op.unsplittable_dims
+  assert op.layout_unsplittable_dims == {"h", "w", "fh", "fw"}
   assert op.to_string.startswith("Conv2or3dBackpropFilterOperation[Inputs=(")
 
 

@@ -186,14 +186,15 @@ def test_slicewise_splittability_sets():
   assert mtf.cwise(tf.identity, [x]).operation.name == "cwise"
 
 
-def test_generic_grad_operation_splits_what_its_forward_op_splits_and_mirrors_forward_inputs():
+def test_generic_grad_operation_is_declared_all_splittable_keeps_what_its_forward_op_cannot_split():
   mesh = mtf.Mesh(mtf.Graph(), "m")
   x = mtf.zeros(mesh, "a:4")
   y = mtf.slicewise(lambda s: tf.reduce_sum(s), [x], output_shape=[], splittable_dims=[])
   (dx,) = mtf.gradients([y], [x])
   op = dx.operation
   assert isinstance(op, mtf.GenericGradOperation) and op.name.endswith("generic_grad")
-  assert op.unsplittable_dims == {"a"} and not op.splittable_dims
+  assert op.splittable_dims == {"a"} and not op.unsplittable_dims  # declared as upstream did
+  assert op.layout_unsplittable_dims == {"a"}
   assert dx.shape == x.shape and dx.dtype == x.dtype
 
 
