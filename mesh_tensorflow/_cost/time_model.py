@@ -18,6 +18,8 @@ import statistics
 import time
 from typing import Sequence, Union
 
+import numpy as np
+
 PerMeshDim = Union[float, dict]
 
 
@@ -73,9 +75,10 @@ def calibrate(devices: Sequence[str], reps: int = 5, size: int = 256, session_co
   """Measures a TimeModel on `devices` (one per processor) with a few short runs.
 
   Runs on a 1-D mesh over all devices (graph mode, placement backend): a matmul split over every
-  processor (no communication) for flops_per_s; allreduces of two sizes for latency and
-  bandwidth (a straight line through the two medians); a chain of cheap ops for op_overhead_s.
-  The same bandwidth and latency then apply to every mesh dimension.
+  processor (no communication; all processors at once, so devices sharing cores count as slower)
+  for flops_per_s; allreduces of two sizes for latency and bandwidth (a straight line through the
+  two medians); chains of 1 and 101 elementwise sines for op_overhead_s. The same bandwidth
+  and latency then apply to every mesh dimension.
 
   Args:
     devices: device strings, one per processor.
@@ -95,49 +98,56 @@ def calibrate(devices: Sequence[str], reps: int = 5, size: int = 256, session_co
     with tf.Graph().as_default():
       graph = mtf.Graph()
       mesh = mtf.Mesh(graph, "calibration")
-      out = build(mesh)
+      feed = {}
+
+      def fed(shape):  # a fed input: TF would constant-fold mtf's deterministic random ops
+        shape = mtf.convert_to_shape(shape)
+        placeholder = tf.placeholder(tf.float32, shape.to_integer_list)
+        feed[placeholder] = np.random.uniform(size=shape.to_integer_list).astype(np.float32)
+        return mtf.import_tf_tensor(mesh, placeholder, shape)
+
+      out = build(fed)
       impl = mtf.placement_mesh_impl.PlacementMeshImpl(f"all:{n}", "rows:all;p:all", list(devices))
       lowering = mtf.Lowering(graph, {mesh: impl})
       fetch = lowering.export_to_tf_tensor(out)
       with tf.Session(config=session_config) as sess:
-        sess.run(fetch)
+        sess.run(fetch, feed)
         times = []
         for _ in range(reps):
           start = time.perf_counter()
-          sess.run(fetch)
+          sess.run(fetch, feed)
           times.append(time.perf_counter() - start)
       sent = sum(e.bytes_per_processor for e in lowering.communication_events)
       return statistics.median(times), sent
 
-  def fill(mesh):
-    return mtf.reduce_sum(mtf.random_uniform(mesh, [rows, cols]), output_shape=[rows])
-
-  def matmul(mesh):
-    x = mtf.einsum(
-      [mtf.random_uniform(mesh, [rows, inner]), mtf.random_uniform(mesh, [inner, cols])], [rows, cols]
-    )
+  def matmul(fed):
+    a, b = fed([rows, inner]), fed([inner, cols])
+    x = mtf.einsum([a, b], [rows, cols])
     return mtf.reduce_sum(x, output_shape=[rows])
 
   def allreduce(elements):
     e = mtf.Dimension("e", elements)
-    return lambda mesh: mtf.reduce_sum(mtf.random_uniform(mesh, [mtf.Dimension("p", n), e]), output_shape=[e])
+    return lambda fed: mtf.reduce_sum(fed([mtf.Dimension("p", n), e]), output_shape=[e])
 
-  def chain(mesh):
-    x = mtf.random_uniform(mesh, [rows])
-    for _ in range(50):
-      x = x * 1.0001
-    return x
+  def chain(length):
+    def build(fed):
+      x = fed([mtf.Dimension("rows", n)])
+      for _ in range(length):
+        x = mtf.sin(x)
+      return x
 
-  fill_s, _ = median_s(fill)
+    return build
+
   matmul_s, _ = median_s(matmul)
   small_s, small_bytes = median_s(allreduce(1024))
   large_s, large_bytes = median_s(allreduce(256 * 1024))
-  chain_s, _ = median_s(chain)
+  short_s, _ = median_s(chain(1))
+  long_s, _ = median_s(chain(101))
   bandwidth = (large_bytes - small_bytes) / max(large_s - small_s, 1e-6)
   return TimeModel(
-    flops_per_s=2 * size**3 / max(matmul_s - fill_s, 1e-6),
+    flops_per_s=2 * size**3 / matmul_s,
     bandwidth_bytes_per_s=bandwidth,
     latency_s=max(small_s - small_bytes / bandwidth, 1e-6),
-    op_overhead_s=max(chain_s - fill_s, 0.0) / 50,
+    op_overhead_s=max(long_s - short_s, 0.0) / 100,
     name="calibrated",
   )
