@@ -111,6 +111,23 @@ def allreduce(xs: list, devices: list, reduction_fn_string: str,
     with tf.device(device):
       ret.append(_collective(tf.raw_ops.CollectiveReduceV2, x, n, devices, key, settings, _REDUCE_DTYPES,
                              merge_op=_MERGE_OPS[reduction_fn_string], final_op="Id"))
+  return _tie(ret, devices)
+
+
+def _tie(results: list, devices: list) -> list:
+  """Each result waits for every local member's collective op.
+
+  A member whose result nobody fetches would otherwise be pruned from the run, and its peers
+  (here or in other processes) would wait for it forever.
+  """
+  ops = [r for r in results if r is not None]
+  ret = []
+  for r, device in zip(results, devices):
+    if r is None:
+      ret.append(None)
+      continue
+    with tf.device(device), tf.control_dependencies(ops):
+      ret.append(tf.identity(r))
   return ret
 
 
@@ -145,7 +162,7 @@ def _gather(xs: list, devices: list, key: int, settings: Optional[CollectiveSett
       gathered = _collective(tf.raw_ops.CollectiveGatherV2, tf.expand_dims(x, 0), n, devices, key,
                              settings, _GATHER_DTYPES)
       ret.append(tf.ensure_shape(gathered, [n] + x.shape.as_list()))
-  return ret
+  return _tie(ret, devices)
 
 
 def allconcat(xs: list, devices: list, concat_axis: int,
@@ -213,8 +230,9 @@ def receive(xs: list, devices: list, source_pcoord: Sequence,
       ret.append(None)
       continue
     with tf.device(device):
-      if source is None:
-        ret.append(tf.zeros(held[0].shape, held[0].dtype))
+      if source is None:  # zeros, but after the gather when there is one (see _tie)
+        ret.append(tf.zeros(held[0].shape, held[0].dtype) if gathered is None
+                   else tf.zeros_like(gathered[k][0]))
       elif gathered is None:
         ret.append(tf.identity(xs[source]))
       else:
