@@ -43,10 +43,22 @@ def session_config() -> tf.ConfigProto:
   return tf.ConfigProto(device_count={"CPU": NUM_DEVICES})
 
 
+# Backends that run in one process on the virtual devices: name -> (shape, layout, devices) -> MeshImpl.
+BACKENDS = {
+    "placement": lambda shape, layout, devices: mtf.placement_mesh_impl.PlacementMeshImpl(
+        shape, layout, devices),
+    "collective": lambda shape, layout, devices: mtf.collective_mesh_impl.CollectiveMeshImpl(
+        shape, layout, devices),
+    # TF collective ops between this process's devices too, as between processes (graph mode only).
+    "collective_tf_ops": lambda shape, layout, devices: mtf.collective_mesh_impl.CollectiveMeshImpl(
+        shape, layout, devices, in_process_fast_path=False),
+}
+
+
 def lower_and_evaluate(build_fn: Callable, mesh_shape="all:1", layout="", mode: str = "graph",
                        devices: Sequence[str] | None = None, autostack: bool = True,
-                       per_processor: bool = False, seed: int = 0) -> list:
-  """Builds `build_fn(mesh)` (a list of mtf Tensors), lowers it, and returns numpy values.
+                       per_processor: bool = False, seed: int = 0, backend: str = "placement") -> list:
+  """Builds `build_fn(mesh)` (a list of mtf Tensors), lowers it on `backend`, returns numpy values.
 
   Variables are initialised from their initializers (masters copied to slices).
   With per_processor, each output is instead the list of its slices, in processor order.
@@ -59,7 +71,7 @@ def lower_and_evaluate(build_fn: Callable, mesh_shape="all:1", layout="", mode: 
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "my_mesh")
     outputs = list(build_fn(mesh))
-    impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices)
+    impl = BACKENDS[backend](mesh_shape, layout, devices)
     lowering = mtf.Lowering(graph, {mesh: impl}, autostack=autostack)
     if per_processor:
       return lowering, [lowering.tensors[x].to_laid_out_tensor().all_slices for x in outputs]
