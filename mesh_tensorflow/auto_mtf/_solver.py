@@ -233,10 +233,11 @@ def search(problem: Problem, memory_limit_bytes: Optional[float] = None, top_k: 
   """The best layout of `problem`: estimate every assignment, cost the top_k exactly, keep the best.
 
   Raises:
-    MemoryError-like ValueError (see api) via `NoLayoutFits` when nothing fits memory_limit_bytes.
+    NoLayoutFits: no layout keeps a processor within memory_limit_bytes.
+    SearchSpaceTooLarge: more than MAX_ENUMERATED candidate layouts.
   """
   if problem.count_upper_bound() > MAX_ENUMERATED:
-    raise ValueError(
+    raise SearchSpaceTooLarge(
       f"{problem.count_upper_bound()} candidate layouts of dimensions {problem.dims} on mesh "
       f"{problem.mesh_shape} are too many to enumerate; use a mesh with fewer dimensions."
     )
@@ -268,6 +269,10 @@ def search(problem: Problem, memory_limit_bytes: Optional[float] = None, top_k: 
   if best is None:
     raise NoLayoutFits(problem, memory_limit_bytes, rows[int(np.argmin(memory))])
   return best
+
+
+class SearchSpaceTooLarge(ValueError):
+  """More candidate layouts than MAX_ENUMERATED (a mesh with many dimensions)."""
 
 
 class NoLayoutFits(ValueError):

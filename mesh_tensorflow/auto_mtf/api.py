@@ -58,7 +58,8 @@ def layout_and_mesh_shape(
   """(LayoutRules, mesh Shape) with the lowest predicted step time over mesh shapes of `num_machines`.
 
   Mesh dimensions are named mesh_0, mesh_1, ... (largest first); their sizes multiply to
-  num_machines. Ties go to the mesh with fewer dimensions.
+  num_machines. Ties go to the mesh with fewer dimensions; mesh shapes with too many candidate
+  layouts to enumerate are skipped.
 
   Raises:
     ValueError: num_machines is not a positive integer; SolverError when no mesh shape and layout
@@ -75,7 +76,7 @@ def layout_and_mesh_shape(
     )
     try:
       rules = optimizer.solve()
-    except layout_optimizer.SolverError as e:
+    except (layout_optimizer.SolverError, layout_optimizer.SearchSpaceTooLarge) as e:
       last_error = e
       continue
     key = (optimizer.solution.step_s, len(sizes))

@@ -15,6 +15,7 @@ from mesh_tensorflow._cost import model as cost_model
 from mesh_tensorflow.auto_mtf import _solver
 
 SolverError = _solver.NoLayoutFits
+SearchSpaceTooLarge = _solver.SearchSpaceTooLarge
 
 
 def _global_var_name(splittable_dimension: str, mesh_dimension: str) -> str:

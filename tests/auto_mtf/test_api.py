@@ -66,3 +66,17 @@ class LayoutTest(parameterized.TestCase, tf.test.TestCase):
     graph, z = _graph()
     with self.assertRaisesRegex(ValueError, r"memory limit of 10 bytes.*over.*can split: b:5"):
       auto_mtf.layout(graph, "m1:4;m2:2", [z], memory_limit_bytes=10)
+
+
+def test_too_many_candidate_layouts_is_a_clear_error_and_layout_and_mesh_shape_skips_that_mesh(monkeypatch):
+  from mesh_tensorflow.auto_mtf import _solver, layout_optimizer
+  graph, z = _graph()
+  monkeypatch.setattr(_solver, "MAX_ENUMERATED", 5)  # a:10 and c:20 have 3 x 3 choices on a 2-D mesh
+  try:
+    auto_mtf.layout(graph, "m1:2;m2:2", [z])
+  except layout_optimizer.SearchSpaceTooLarge as e:
+    assert "9 candidate layouts" in str(e) and "fewer dimensions" in str(e)
+  else:
+    raise AssertionError("expected SearchSpaceTooLarge")
+  _, mesh_shape = auto_mtf.layout_and_mesh_shape(graph, 4, [z])
+  assert mesh_shape.dims == [mtf.Dimension("mesh_0", 4)]
