@@ -118,6 +118,8 @@ class Cluster:
     config.experimental.collective_group_leader = self.task_device(0)
     # This process sees only its own task: ops placed nowhere (master variables) stay here.
     config.device_filters.append(self.task_device(self.task_index))
+    # Each session its own variables, as in one process (the server would share them by name).
+    config.isolate_session_state = True
     return config
 
   def server(self) -> tf.distribute.Server:
