@@ -12,7 +12,7 @@ from mesh_tensorflow._cost import model as cost_model
 
 
 @dataclasses.dataclass(frozen=True)
-class Warning_:
+class LayoutWarning:
   """Communication a different layout rule would avoid."""
 
   rule: str
@@ -37,7 +37,7 @@ _SEQUENCE = frozenset({"length", "memory_length", "memory", "sequence"})
 
 
 def _rules_of(layout_rules) -> list:
-  return sorted((d, m if isinstance(m, str) else m) for d, m in convert_to_layout_rules(layout_rules)._pairs)
+  return sorted(convert_to_layout_rules(layout_rules)._pairs)
 
 
 def event_rules(graph, report) -> dict:
@@ -92,7 +92,7 @@ def avoidable_communication(graph, report, outputs=(), threshold: float = 0.01) 
     relayout = any(e.reason == "reshape_op" and e.bytes_sent for e in events)
     if 0 in scores and best is not None and (relayout or scores[best] < scores[0] * (1 - threshold)):
       warnings.append(
-        Warning_(
+        LayoutWarning(
           rule=rule,
           bytes_per_processor=sum(e.bytes_per_processor for e in events),
           ops=tuple(dict.fromkeys(e.op_name for e in events)),
