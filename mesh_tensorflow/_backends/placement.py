@@ -2,23 +2,13 @@
 
 Works with any device strings: "" (no placement), "cpu:N", "gpu:N", or
 "/job:worker/task:K/device:CPU:0" in a TF cluster; in graph mode and in eager mode.
-
-Collectives pick their algorithm by where the devices are (`benchmarks/bench_transformer.py`
-and `benchmarks/bench_collectives.py` measure them):
-
-* CPU devices of one process: an allreduce is one reduction on the group's first device plus a
-  copy to each member, and an allconcat one concat per member, because copies between CPU
-  devices of one process cost almost nothing (8 MB in 32 tensors over 8 devices: ~3 ms, against
-  ~40 ms for a ring of copies or TF's CollectiveReduceV2);
-* anything else (GPUs, devices of several tasks or hosts): bidirectional rings of copies
-  (`ring_collectives.py`), which spread the bytes each link carries.
 """
 
 from __future__ import annotations
 
 import tensorflow.compat.v1 as tf
 
-from mesh_tensorflow._backends import ring_collectives, tf_collectives
+from mesh_tensorflow._backends import ring_collectives
 from mesh_tensorflow._core.layout import processor_groups
 from mesh_tensorflow._lowering import laid_out
 from mesh_tensorflow._lowering.lazy import convert_args_to_laid_out_tensors
@@ -54,7 +44,6 @@ class PlacementMeshImpl(MeshImpl):
           f"PlacementMeshImpl: mesh {self.shape} has {self.size} processors but {len(devices)} "
           f"devices were given ({devices}); pass exactly one device string per processor.")
     self._devices = devices
-    self._cpus_of_one_process = cpus_of_one_process(devices)
 
   class LaidOutTensor(laid_out.LaidOutTensor):
     """One tf.Tensor per processor, in pnum order."""
@@ -191,18 +180,14 @@ class PlacementMeshImpl(MeshImpl):
     return self.LaidOutTensor(ret)
 
   def allreduce(self, x, mesh_axes, reduction_fn_string):
-    if self._cpus_of_one_process:
-      def collective(xs, devices):
-        return tf_collectives.allreduce(xs, devices, reduction_fn_string)
-    else:
-      def collective(xs, devices):
-        return ring_collectives.allreduce_ring(xs, devices, reduction_fn_string)
-    return self._collective_with_groups(x, mesh_axes, collective)
+    return self._collective_with_groups(
+        x, mesh_axes,
+        lambda xs, devices: ring_collectives.allreduce_ring(xs, devices, reduction_fn_string))
 
   def allconcat(self, x, mesh_axis, concat_axis):
-    concat = (ring_collectives.allconcat_direct if self._cpus_of_one_process
-              else ring_collectives.allconcat_ring)
-    return self._collective_with_groups(x, [mesh_axis], lambda xs, devices: concat(xs, devices, concat_axis))
+    return self._collective_with_groups(
+        x, [mesh_axis],
+        lambda xs, devices: ring_collectives.allconcat_ring(xs, devices, concat_axis))
 
   def alltoall(self, x, mesh_axis, split_axis, concat_axis):
     return self._collective_with_groups(
@@ -231,10 +216,3 @@ class PlacementMeshImpl(MeshImpl):
   def import_tf_tensor(self, x, tf_x):
     return self.LaidOutTensor(self.make_slices(tf_x, x.shape))
 
-
-
-def cpus_of_one_process(devices) -> bool:
-  """True if every device is a CPU (or unplaced, "") of one and the same task."""
-  specs = [tf.DeviceSpec.from_string(d) for d in devices]
-  return (all(s.device_type in (None, "CPU") for s in specs)
-          and len({(s.job, s.replica, s.task) for s in specs}) == 1)
