@@ -45,6 +45,11 @@ class Solution:
     return ";".join(f"{d}:{m}" for d, m in sorted(self.assignment.items()))
 
   @property
+  def key(self) -> tuple:
+    """Order of preference: predicted step time, then memory."""
+    return (self.step_s, self.report.memory.total_bytes if self.report else self.estimated_memory)
+
+  @property
   def step_s(self) -> float:
     return self.report.step_s if self.report else self.estimated_s
 
@@ -247,28 +252,38 @@ def search(problem: Problem, memory_limit_bytes: Optional[float] = None, top_k: 
   if memory_limit_bytes is not None:
     fits &= memory <= memory_limit_bytes * 1.25  # the estimate is rough; the exact check follows
   order = [i for i in np.lexsort((memory, seconds)) if fits[i]]
-  best = None
-  for i in order[:top_k]:
-    assignment = problem.to_assignment(rows[i])
-    report = cost_model.estimate_cost(
-      problem.graph,
-      problem.mesh_shape,
-      list(assignment.items()),
-      problem.outputs,
-      problem.time_model,
-      schedule=problem.schedule,
-    )
-    if memory_limit_bytes is not None and report.memory.total_bytes > memory_limit_bytes:
-      continue
-    candidate = Solution(assignment, float(seconds[i]), float(memory[i]), report)
-    if best is None or (report.step_s, report.memory.total_bytes) < (
-      best.report.step_s,
-      best.report.memory.total_bytes,
+  best, attempts, fitting = None, 0, 0
+  for i in order:
+    if fitting == top_k or attempts == 4 * top_k:
+      break
+    attempts += 1
+    candidate = _costed(problem, rows[i], seconds[i], memory[i])
+    if candidate is None or (
+      memory_limit_bytes is not None and candidate.report.memory.total_bytes > memory_limit_bytes
     ):
+      continue
+    fitting += 1
+    if best is None or candidate.key < best.key:
       best = candidate
+  if best is None and memory_limit_bytes is None:  # replicating everything always lowers
+    replicated = np.full(len(problem.dims), -1)
+    best = _costed(problem, replicated, *[v[0] for v in problem.estimate(replicated[None])])
   if best is None:
     raise NoLayoutFits(problem, memory_limit_bytes, rows[int(np.argmin(memory))])
   return best
+
+
+def _costed(problem: Problem, row, estimated_s, estimated_memory) -> Optional[Solution]:
+  """The Solution of `row` with its exact cost report, or None if an op's lowering rejects it."""
+  assignment = problem.to_assignment(row)
+  try:
+    report = cost_model.estimate_cost(
+      problem.graph, problem.mesh_shape, list(assignment.items()), problem.outputs, problem.time_model,
+      schedule=problem.schedule,
+    )
+  except (ValueError, NotImplementedError):  # the estimate can't foresee every op's layout limits
+    return None
+  return Solution(assignment, float(estimated_s), float(estimated_memory), report)
 
 
 class SearchSpaceTooLarge(ValueError):

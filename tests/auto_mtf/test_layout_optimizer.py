@@ -76,3 +76,16 @@ class LayoutOptimizerTest(tf.test.TestCase):
     self.assertEqual(lines[:-1], expected)
     self.assertEqual(sum(line.endswith("= 1") for line in lines), 2)
     self.assertIn("predicted step", lines[-1])
+
+
+def test_a_layout_the_lowering_rejects_is_skipped_for_the_next_best(monkeypatch):
+  from mesh_tensorflow.auto_mtf import _solver
+  real = _solver.cost_model.estimate_cost
+
+  def reject_full_splits(graph, mesh_shape, rules, *args, **kwargs):
+    if len(rules) == 2:
+      raise ValueError("an op can't take this layout")
+    return real(graph, mesh_shape, rules, *args, **kwargs)
+  monkeypatch.setattr(_solver.cost_model, "estimate_cost", reject_full_splits)
+  layout = _optimizer().solve()
+  assert layout.count(":") == 1
