@@ -101,3 +101,17 @@ def test_pictures_without_matplotlib_say_how_to_install_it(monkeypatch, tmp_path
     assert "pip install 'mesh-tensorflow[plot]'" in str(e)
   else:
     raise AssertionError("expected an ImportError")
+
+
+def test_tiling_grid_shows_which_processor_holds_each_block():
+  from mesh_tensorflow._explain.plots import comm_bytes_per_layer, owner_grid
+  mesh_shape = mtf.convert_to_shape("x:2;y:4")
+  grid = owner_grid(mtf.convert_to_shape("a:4;b:8;c:3"), mesh_shape, mtf.convert_to_layout_rules("a:x;b:y"))
+  assert grid.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  grid = owner_grid(mtf.convert_to_shape("b:8"), mesh_shape, mtf.convert_to_layout_rules("b:x"))
+  assert grid.tolist() == [[0], [4]]  # one tensor dimension, split over x; replicated over y
+  build_fn, mesh_shape, layout = FAMILIES["einsum"]
+  graph, _, _ = _build(build_fn)
+  events = mtf.cost_model.estimate_cost(graph, mesh_shape, layout).events
+  per_layer = comm_bytes_per_layer(events)
+  assert sum(per_layer.values()) == sum(e.bytes_per_processor for e in events)
