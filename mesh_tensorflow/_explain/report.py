@@ -28,8 +28,8 @@ class LayoutWarning:
     return (
       f"WARNING: {what}the rule {self.rule} makes {self.bytes_per_processor:,.0f} bytes per processor of "
       f"{'/'.join(self.kinds)} in {len(self.ops)} op(s) ({', '.join(self.ops[:3])}"
-      f"{', ...' if len(self.ops) > 3 else ''}). Fix: {self.fix} (estimated step "
-      f"{self.predicted_s * 1e3:.3f} ms -> {self.fixed_s * 1e3:.3f} ms)."
+      f"{', ...' if len(self.ops) > 3 else ''}). Fix: {self.fix} (the search's estimate of "
+      f"compute + communication: {self.predicted_s * 1e3:.3f} ms -> {self.fixed_s * 1e3:.3f} ms)."
     )
 
 
