@@ -99,7 +99,10 @@ def _build(collective, algorithm, num_tensors, slice_shape, devices):
       with tf.device(device):  # variables: read, not recomputed or constant-folded, each run
         xs.append(tf.Variable(tf.random.uniform(slice_shape), use_resource=True).read_value())
     ys = _candidates()[collective][algorithm](xs, devices)
-    outputs += [tf.reduce_sum(y) for y in ys]
+    for y, device in zip(ys, devices):
+      with tf.device(device):  # consumed as a gradient is: added into a variable on each device
+        total = tf.Variable(tf.zeros(y.shape), use_resource=True)
+        outputs.append(total.assign_add(y, read_value=False))
   return tf.group(outputs)
 
 

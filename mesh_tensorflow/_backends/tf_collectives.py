@@ -169,9 +169,15 @@ def allconcat(xs: list, devices: list, concat_axis: int,
               settings: Optional[CollectiveSettings] = None) -> list:
   """Every member gets all members' tensors concatenated along concat_axis, in member order."""
   n = len(xs)
-  if n == 1:
+  if n == 1 or _fast_path(xs, settings):
     next_instance_key()
-    return list(xs)
+    if n == 1:
+      return list(xs)
+    ret = []
+    for device in devices:  # one concat per member, its inputs copied from their devices
+      with tf.device(device):
+        ret.append(tf.concat(xs, axis=concat_axis))
+    return ret
   ret = []
   for y, device in zip(allgather(xs, devices, settings), devices):
     if y is None:

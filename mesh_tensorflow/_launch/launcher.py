@@ -4,7 +4,8 @@ Each task gets TF_CONFIG (its index among N workers on free 127.0.0.1 ports) and
 MTF_DEVICES_PER_PROCESS; each line it prints is prefixed with "[rank] ". When a task fails (non-zero
 exit or killed by a signal) the launcher names it, stops the others (SIGTERM, then SIGKILL after a
 grace period) and exits with that task's status; when all succeed it exits 0. Under a scheduler
-that already set TF_CONFIG, the command runs once, as that task, with TF_CONFIG as it is.
+that already set TF_CONFIG, the command runs once, as that task, with TF_CONFIG as it is. A
+command starting with `python` runs with the launcher's own interpreter (the same environment).
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class Launch:
     if not command:
       raise ValueError("No command to launch: put it after '--', e.g. -- python train.py.")
     self.command = list(command)
+    if self.command[0] in ("python", "python3"):  # the tasks run in the launcher's environment
+      self.command[0] = sys.executable
     self.num_processes = num_processes
     self.devices_per_process = devices_per_process
     self.timeout_seconds = timeout_seconds
