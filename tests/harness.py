@@ -52,6 +52,9 @@ BACKENDS = {
     # TF collective ops between this process's devices too, as between processes (graph mode only).
     "collective_tf_ops": lambda shape, layout, devices: mtf.collective_mesh_impl.CollectiveMeshImpl(
         shape, layout, devices, in_process_fast_path=False),
+    # One traced function per mtf op, called on each device (graph mode).
+    "collective_traced": lambda shape, layout, devices: mtf.collective_mesh_impl.CollectiveMeshImpl(
+        shape, layout, devices, trace_per_device=True),
 }
 
 

@@ -23,7 +23,8 @@ from tests.harness import (
 from tests.lowering.test_random_graphs import LAYOUT_DIMS, _program_and_reference, programs
 
 MESHES = ["all:8", "rows:2;cols:4", "x:2;y:2;z:2"]
-PATHS = [("collective", "graph"), ("collective", "eager"), ("collective_tf_ops", "graph")]
+PATHS = [("collective", "graph"), ("collective", "eager"), ("collective_tf_ops", "graph"),
+         ("collective_traced", "graph")]
 
 
 def _run(backend, mode, mesh_shape, fn):
