@@ -9,7 +9,8 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._lowering import comm as comm_lib
 from mesh_tensorflow._lowering.layout_check import check_mesh_impls
 from mesh_tensorflow._lowering.mesh_impl import sequence_mode
-from mesh_tensorflow._lowering.tf_helpers import _log_info_also_to_file, log_variable_sizes
+from mesh_tensorflow._lowering.tf_helpers import (
+    _log_info_also_to_file, log_variable_sizes, outside_all_rewrites)
 
 
 class Lowering:
@@ -53,8 +54,11 @@ class Lowering:
         self.add_counter("output_unique/%s" % type(op).__name__, out.size)
     # Built now, in graph mode: grouping them later would mark these ops (TF sets an attribute on a
     # control input) after a session may have run the graph, which TF warns will become an error.
-    self._copies = None if tf.executing_eagerly() else (
-        self._build_copy_masters_to_slices(), self._build_copy_slices_to_masters())
+    # Outside any rewrite (e.g. a TPU computation being built), where the copies themselves live.
+    self._copies = None
+    if not tf.executing_eagerly():
+      with outside_all_rewrites():
+        self._copies = (self._build_copy_masters_to_slices(), self._build_copy_slices_to_masters())
     with _opened(log_file) as f:
       log_variable_sizes(graph.trainable_variables, "Trainable Variables", verbose=True,
                          mesh_to_impl=mesh_to_impl, log_file=f)
