@@ -190,9 +190,11 @@ def _traced_parallel(devices: list, fn, inputs: list) -> list:
   (processor numbers), become the function's inputs; the rest are fixed at tracing.
   """
   varying = [i for i, per_device in enumerate(inputs)
-             if any(tf.is_tensor(v) for v in per_device)
-             or any(v is not per_device[0] and v != per_device[0] for v in per_device)]
-  args = [[tf.convert_to_tensor(v) for v in inputs[i]] for i in varying]
+             if any(tf.is_tensor(v) or v is not per_device[0] for v in per_device)]
+  try:
+    args = [[tf.convert_to_tensor(v) for v in inputs[i]] for i in varying]
+  except (TypeError, ValueError):  # an argument TF cannot take as a tensor: build per device
+    return parallel(devices, fn, *inputs)
   fixed = [per_device[0] for per_device in inputs]
 
   @tf.function(autograph=False)
