@@ -74,6 +74,11 @@ class CollectiveMeshImpl(PlacementMeshImpl):
     self._cluster = cluster
     if cluster is None:
       self._local_pnums = list(range(self.size))
+    elif tf.executing_eagerly():
+      raise ValueError(
+          "CollectiveMeshImpl: a mesh spanning processes (a Cluster was given) runs in graph mode "
+          "only; call tf.compat.v1.disable_eager_execution() first, or build under "
+          "tf.Graph().as_default().")
     else:
       self._local_pnums = [p for p, d in enumerate(self._all_devices) if cluster.is_local(d)]
       if not self._local_pnums:

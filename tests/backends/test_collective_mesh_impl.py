@@ -117,7 +117,10 @@ def test_cluster_from_tf_config_gives_each_task_a_contiguous_block():
   config = {"cluster": {"worker": ["h0:1", "h1:2"]}, "task": {"type": "worker", "index": 1}}
   cluster = Cluster.from_tf_config(config, devices_per_task=4)
   assert cluster.num_tasks == 2 and not cluster.is_chief
-  impl = CollectiveMeshImpl("b:2;m:4", "batch:b", cluster=cluster)
+  with pytest.raises(ValueError, match="spanning processes .* runs in graph mode only"):
+    CollectiveMeshImpl("b:2;m:4", "batch:b", cluster=cluster)  # eager
+  with tf.Graph().as_default():
+    impl = CollectiveMeshImpl("b:2;m:4", "batch:b", cluster=cluster)
   assert impl.local_pnums == [4, 5, 6, 7] and impl.is_multi_process
   assert impl.devices == ["/job:worker/replica:0/task:1/device:CPU:%d" % d for d in range(4)]
   assert list(cluster.session_config().device_filters) == ["/job:worker/replica:0/task:1"]
