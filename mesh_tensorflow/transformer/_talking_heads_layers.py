@@ -178,8 +178,15 @@ class _GeneralBilinearMixin:
   """General bilinear attention: multi-head attention with d_kv = d_model and no k, v projections.
 
   Projections on both q and k (or v and o) would be redundant, so k = v = the memory input and
-  only `q` [d_model, heads, d_model] and `o` [heads, d_model, d_model] are learned.
+  only `q` [d_model, heads, d_model] and `o` [heads, d_model, d_model] are learned. One set of heads
+  dims serves keys, softmax and values.
   """
+
+  def __init__(self, heads_dims=(("heads", 12),), dropout_rate: float = 0.0,
+               relative_attention_type: Optional[str] = None, relative_attention_num_buckets: int = 32):
+    super().__init__(key_heads_dims=heads_dims, softmax_heads_dims=heads_dims, value_heads_dims=heads_dims,
+                     dropout_rate=dropout_rate, relative_attention_type=relative_attention_type,
+                     relative_attention_num_buckets=relative_attention_num_buckets)
 
   def key_dim(self, context) -> mtf.Dimension:
     return context.model.model_dim
@@ -195,19 +202,7 @@ class _GeneralBilinearMixin:
 class GeneralBilinearSelfAttention(_GeneralBilinearMixin, TalkingHeadsSelfAttention):
   """General bilinear self-attention (see the talking-heads paper): d_kv = d_model, k = v = x."""
 
-  def __init__(self, heads_dims=(("heads", 12),), dropout_rate: float = 0.0,
-               relative_attention_type: Optional[str] = None, relative_attention_num_buckets: int = 32):
-    super().__init__(key_heads_dims=heads_dims, softmax_heads_dims=heads_dims, value_heads_dims=heads_dims,
-                     dropout_rate=dropout_rate, relative_attention_type=relative_attention_type,
-                     relative_attention_num_buckets=relative_attention_num_buckets)
-
 
 @gin.configurable(module=GIN_MODULE)
 class GeneralBilinearEncDecAttention(_GeneralBilinearMixin, TalkingHeadsEncDecAttention):
   """General bilinear attention over context.encoder_output."""
-
-  def __init__(self, heads_dims=(("heads", 12),), dropout_rate: float = 0.0,
-               relative_attention_type: Optional[str] = None, relative_attention_num_buckets: int = 32):
-    super().__init__(key_heads_dims=heads_dims, softmax_heads_dims=heads_dims, value_heads_dims=heads_dims,
-                     dropout_rate=dropout_rate, relative_attention_type=relative_attention_type,
-                     relative_attention_num_buckets=relative_attention_num_buckets)

@@ -385,6 +385,36 @@ def _finish_routing(combine_tensor, loss, inputs):
   return dispatch_tensor, combine_tensor, mtf.cast(loss, inputs.dtype)
 
 
+def _first_choice(gate, index, raw_gates, experts_dim, importance):
+  """(gate, one-hot mask, density proxy for the load-balancing loss) of the first choice.
+
+  Tokens whose importance is not 1 take no first choice: their gate, mask and proxy are zero.
+  """
+  mask = mtf.one_hot(index, experts_dim, dtype=tf.float32)
+  density_proxy = raw_gates
+  if importance is not None:
+    routed = mtf.to_float(mtf.equal(importance, 1.0))
+    mask *= routed
+    gate *= routed
+    density_proxy *= routed
+  return gate, mask, density_proxy
+
+
+def _take_slots(mask, group_size_dim, experts_dim, capacity: float, taken=None):
+  """Expert slots in token order, after `taken` slots per expert; tokens past `capacity` drop.
+
+  mask [<batch>, group, experts] (one-hot or zero per token). Returns the mask without the
+  dropped tokens, its sum over experts (1 for a placed token) and each token's slot position.
+  """
+  position = mtf.cumsum(mask, group_size_dim, exclusive=True)
+  if taken is not None:
+    position += taken
+  position *= mask
+  mask *= mtf.to_float(mtf.less(position, capacity))
+  placed = mtf.reduce_sum(mask, reduced_dim=experts_dim)
+  return mask, placed, mtf.reduce_sum(position, reduced_dim=experts_dim)
+
+
 def _top_2_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train, variable_dtype,
                   importance=None, name="top_2_gating", num_microbatches=None):
   """Top-2 gating: every token goes to its best expert and maybe its second best.
@@ -405,13 +435,7 @@ def _top_2_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, h
   expert_capacity_f = float(expert_capacity_dim.size)
 
   gate_1, index_1 = mtf.top_1(raw_gates, experts_dim)
-  mask_1 = mtf.one_hot(index_1, experts_dim, dtype=tf.float32)
-  density_1_proxy = raw_gates
-  if importance is not None:
-    first = mtf.to_float(mtf.equal(importance, 1.0))
-    mask_1 *= first
-    gate_1 *= first
-    density_1_proxy *= first
+  gate_1, mask_1, density_1_proxy = _first_choice(gate_1, index_1, raw_gates, experts_dim, importance)
   gates_without_top_1 = raw_gates * (1.0 - mask_1)
   gate_2, index_2 = mtf.top_1(gates_without_top_1, experts_dim)
   mask_2 = mtf.one_hot(index_2, experts_dim, dtype=tf.float32)
@@ -439,18 +463,13 @@ def _top_2_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, h
                                     gate_2 / max(threshold, 1e-9)))
 
   # Slots: first choices in token order, then second choices after them.
-  position_in_expert_1 = mtf.cumsum(mask_1, group_size_dim, exclusive=True) * mask_1
-  mask_1 *= mtf.to_float(mtf.less(position_in_expert_1, expert_capacity_f))
-  mask_1_count = mtf.reduce_sum(mask_1, reduced_dim=group_size_dim)
-  mask_1_flat = mtf.reduce_sum(mask_1, reduced_dim=experts_dim)
-  position_in_expert_1 = mtf.reduce_sum(position_in_expert_1, reduced_dim=experts_dim)
+  mask_1, mask_1_flat, position_in_expert_1 = _take_slots(mask_1, group_size_dim, experts_dim,
+                                                          expert_capacity_f)
   gate_1 *= mask_1_flat
-
-  position_in_expert_2 = (mtf.cumsum(mask_2, group_size_dim, exclusive=True) + mask_1_count) * mask_2
-  mask_2 *= mtf.to_float(mtf.less(position_in_expert_2, expert_capacity_f))
-  mask_2_flat = mtf.reduce_sum(mask_2, reduced_dim=experts_dim)
+  _, mask_2_flat, position_in_expert_2 = _take_slots(
+      mask_2, group_size_dim, experts_dim, expert_capacity_f,
+      taken=mtf.reduce_sum(mask_1, reduced_dim=group_size_dim))
   gate_2 *= mask_2_flat
-  position_in_expert_2 = mtf.reduce_sum(position_in_expert_2, reduced_dim=experts_dim)
 
   combine_tensor = (
       gate_1 * mtf.one_hot(index_1, experts_dim, dtype=tf.float32)
@@ -493,20 +512,13 @@ def _switch_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, 
   gate_logits = _gate_logits(inputs, experts_dim, outer_expert_dims, variable_dtype, name)
   raw_gates = mtf.to_float(mtf.softmax(gate_logits, experts_dim))
   expert_gate, expert_index = _switch_choice(gate_logits, raw_gates, experts_dim, policy, hparams)
-  expert_mask = mtf.one_hot(expert_index, experts_dim, dtype=tf.float32)
-  density_proxy = raw_gates
-  if importance is not None:
-    routed = mtf.to_float(mtf.equal(importance, 1.0))
-    expert_mask *= routed
-    expert_gate *= routed
-    density_proxy *= routed
+  expert_gate, expert_mask, density_proxy = _first_choice(expert_gate, expert_index, raw_gates, experts_dim,
+                                                          importance)
   loss = _load_balance_loss(expert_mask, density_proxy, group_size_dim, experts_dim)
   loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches)
 
-  position_in_expert = mtf.cumsum(expert_mask, group_size_dim, exclusive=True) * expert_mask
-  expert_mask *= mtf.to_float(mtf.less(position_in_expert, float(expert_capacity_dim.size)))
-  expert_mask_flat = mtf.reduce_sum(expert_mask, reduced_dim=experts_dim)
-  position_in_expert = mtf.reduce_sum(position_in_expert, reduced_dim=experts_dim)
+  _, expert_mask_flat, position_in_expert = _take_slots(expert_mask, group_size_dim, experts_dim,
+                                                        float(expert_capacity_dim.size))
   combine_tensor = (expert_gate * expert_mask_flat * mtf.one_hot(expert_index, experts_dim, dtype=tf.float32)
                     * _slot_one_hot(position_in_expert, expert_capacity_dim))
   return _finish_routing(combine_tensor, loss, inputs)
@@ -524,16 +536,15 @@ def _ntlb_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hp
   inputs, policy = _switch_inputs_and_policy(inputs, hparams, train)
   gate_logits = _gate_logits(inputs, experts_dim, outer_expert_dims, variable_dtype, name)
   raw_gates = mtf.to_float(mtf.softmax(gate_logits, experts_dim))
-  routed = None if importance is None else mtf.to_float(mtf.equal(importance, 1.0))
   first_gate, first_index = _switch_choice(gate_logits, raw_gates, experts_dim, policy, hparams)
-  first_mask = mtf.one_hot(first_index, experts_dim, dtype=tf.float32)
-  density_proxy = raw_gates if routed is None else raw_gates * routed
-  loss = _load_balance_loss(first_mask if routed is None else first_mask * routed, density_proxy,
-                            group_size_dim, experts_dim)
+  first_gate, first_mask, density_proxy = _first_choice(first_gate, first_index, raw_gates, experts_dim,
+                                                        importance)
+  loss = _load_balance_loss(first_mask, density_proxy, group_size_dim, experts_dim)
   loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches)
 
   capacity = float(expert_capacity_dim.size)
-  unplaced = mtf.ones(inputs.mesh, first_gate.shape, tf.float32) if routed is None else routed
+  unplaced = (mtf.ones(inputs.mesh, first_gate.shape, tf.float32) if importance is None
+              else mtf.to_float(mtf.equal(importance, 1.0)))
   occupancy = mtf.zeros(inputs.mesh, first_mask.shape - group_size_dim, tf.float32)
   remaining = raw_gates
   combine_tensor = None
@@ -544,14 +555,11 @@ def _ntlb_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hp
       gate, index = mtf.top_1(remaining, experts_dim)
     choice_one_hot = mtf.one_hot(index, experts_dim, dtype=tf.float32)
     remaining *= 1.0 - choice_one_hot
-    mask = choice_one_hot * unplaced
-    position = (mtf.cumsum(mask, group_size_dim, exclusive=True) + occupancy) * mask
-    mask *= mtf.to_float(mtf.less(position, capacity))
+    mask, placed, position = _take_slots(choice_one_hot * unplaced, group_size_dim, experts_dim, capacity,
+                                         taken=occupancy)
     occupancy += mtf.reduce_sum(mask, reduced_dim=group_size_dim)
-    placed = mtf.reduce_sum(mask, reduced_dim=experts_dim)
     unplaced *= 1.0 - placed
-    term = (gate * placed * choice_one_hot
-            * _slot_one_hot(mtf.reduce_sum(position, reduced_dim=experts_dim), expert_capacity_dim))
+    term = gate * placed * choice_one_hot * _slot_one_hot(position, expert_capacity_dim)
     combine_tensor = term if combine_tensor is None else combine_tensor + term
   return _finish_routing(combine_tensor, loss, inputs)
 

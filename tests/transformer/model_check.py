@@ -42,6 +42,27 @@ def bitransformer(vocab=12, max_length=8, d_model=8, **kwargs) -> transformer.Bi
   return transformer.Bitransformer(encoder, decoder, **kwargs)
 
 
+def named_layer_stack(layers: list) -> transformer.LayerStack:
+  """A LayerStack of these layer instances, named layer_000, layer_001, ... as make_layer_stack names them."""
+  for i, layer in enumerate(layers):
+    layer.set_name("layer_%03d" % i)
+  return transformer.LayerStack(layers)
+
+
+def greedy_decode_and_argmax(model: transformer.Unitransformer, partial: mtf.Tensor, variable_dtype,
+                             **sample_kwargs) -> list:
+  """[greedy decode from `partial`, argmax of a full eval pass over that decode].
+
+  Where incremental decoding agrees with the full pass, each decoded position is the argmax the
+  full pass gives at the position before it.
+  """
+  decoded = model.sample_autoregressive(partial, temperature=0.0, variable_dtype=variable_dtype,
+                                        **sample_kwargs)
+  logits, _ = model.call_simple(transformer.autoregressive_inputs(decoded), None, False, mode="eval",
+                                variable_dtype=variable_dtype)
+  return [decoded, mtf.argmax(logits, logits.shape.dims[-1])]
+
+
 def import_ids(mesh, ids: np.ndarray, dim_names=("batch", "length")) -> mtf.Tensor:
   dims = [mtf.Dimension(n, s) for n, s in zip(dim_names, ids.shape)]
   return mtf.import_tf_tensor(mesh, tf.constant(ids.astype(np.int32)), dims)

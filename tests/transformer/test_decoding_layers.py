@@ -16,6 +16,7 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import transformer, transformer_layers
 from tests.harness import lower_and_evaluate
 from tests.transformer.layer_context import VARIABLE_DTYPE, call_layer, make_context, model_stub
+from tests.transformer.model_check import greedy_decode_and_argmax, named_layer_stack
 
 RNG = np.random.RandomState(1)
 BATCH, LENGTH, D_MODEL = 2, 6, 8
@@ -104,21 +105,15 @@ def test_greedy_sampling_through_a_unitransformer_of_these_layers_matches_its_fu
             transformer_layers.SeparableConv1DLayer(min_relative_pos=-2, max_relative_pos=0,
                                                     output_size=D_MODEL),
             transformer_layers.DenseReluDense(hidden_size=8)]
-  for i, layer in enumerate(layers):
-    layer.set_name("layer_%03d" % i)
   model = transformer.Unitransformer(
-      layer_stack=transformer.LayerStack(layers), d_model=D_MODEL, input_vocab_size=8, output_vocab_size=8,
+      layer_stack=named_layer_stack(layers), d_model=D_MODEL, input_vocab_size=8, output_vocab_size=8,
       autoregressive=True, max_length=LENGTH, vocab_divisor=8)
 
   def build(mesh):
     prompts = tf.constant(np.array([[3, 5, 0, 0, 0, 0], [4, 0, 0, 0, 0, 0]], np.int32))
     partial = mtf.import_tf_tensor(mesh, prompts, "batch:2;length:6")
     # stop_at_token 9 is outside the vocabulary: every position gets decoded.
-    decoded = model.sample_autoregressive(partial, stop_at_token=9, temperature=0.0,
-                                          variable_dtype=VARIABLE_DTYPE)
-    logits, _ = model.call_simple(transformer.autoregressive_inputs(decoded), None, False, mode="eval",
-                                  variable_dtype=VARIABLE_DTYPE)
-    return [decoded, mtf.argmax(logits, logits.shape.dims[-1])]
+    return greedy_decode_and_argmax(model, partial, VARIABLE_DTYPE, stop_at_token=9)
   decoded, argmax = lower_and_evaluate(build)
   np.testing.assert_array_equal(decoded[:, 0], [3, 4])
   np.testing.assert_array_equal(decoded[0, 1:], [5] + list(argmax[0, 2:]))

@@ -11,6 +11,7 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import funnel_transformer, transformer, transformer_layers
 from tests.harness import lower_and_evaluate
 from tests.layers.layer_check import check_layer
+from tests.transformer.model_check import named_layer_stack
 
 RNG = np.random.RandomState(0)
 BATCH, LENGTH, D_MODEL = 4, 8, 4
@@ -179,10 +180,8 @@ def _bitransformer_funnel():
   decoder_layers = [transformer_layers.SelfAttention(num_heads=2, key_value_size=2),
                     transformer_layers.EncDecAttention(num_heads=2, key_value_size=2),
                     transformer_layers.DenseReluDense(hidden_size=8)]
-  for i, layer in enumerate(decoder_layers):
-    layer.set_name("layer_%03d" % i)
   decoder = transformer.Unitransformer(
-      layer_stack=transformer.LayerStack(decoder_layers), d_model=D_MODEL, input_vocab_size=16,
+      layer_stack=named_layer_stack(decoder_layers), d_model=D_MODEL, input_vocab_size=16,
       output_vocab_size=16, autoregressive=True, max_length=LENGTH, name="decoder")
   return funnel_transformer.BitransformerFunnel(encoder, decoder)
 

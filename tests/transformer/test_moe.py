@@ -10,6 +10,7 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import moe, transformer, transformer_layers
 from tests.harness import lower_and_evaluate
 from tests.layers.layer_check import check_layer, run_layer
+from tests.transformer.model_check import greedy_decode_and_argmax, named_layer_stack
 
 RNG = np.random.RandomState(0)
 BATCH, LENGTH, D_MODEL, NUM_EXPERTS, HIDDEN = 4, 4, 4, 4, 8
@@ -491,20 +492,14 @@ def test_greedy_decoding_through_moe_agrees_with_full_forward_passes():
   layers = [transformer_layers.SelfAttention(num_heads=2, key_value_size=2),
             moe.MoE1D(num_experts=NUM_EXPERTS, hidden_size=HIDDEN, group_size=4, capacity_factor_eval=4.0,
                       second_policy_eval="all")]
-  for i, layer in enumerate(layers):
-    layer.set_name("layer_%03d" % i)
   model = transformer.Unitransformer(
-      layer_stack=transformer.LayerStack(layers), d_model=D_MODEL, input_vocab_size=8, output_vocab_size=8,
+      layer_stack=named_layer_stack(layers), d_model=D_MODEL, input_vocab_size=8, output_vocab_size=8,
       autoregressive=True, max_length=LENGTH, vocab_divisor=8)
 
   def build(mesh):
     partial = mtf.zeros(mesh, mtf.Shape([mtf.Dimension("batch", BATCH), mtf.Dimension("length", LENGTH)]),
                         tf.int32)
-    decoded = model.sample_autoregressive(partial, stop_at_token=None, temperature=0.0, variable_dtype=VDTYPE,
-                                          has_partial_sequences=False)
-    logits, _ = model.call_simple(transformer.autoregressive_inputs(decoded), None, False, mode="eval",
-                                  variable_dtype=VDTYPE)
-    return [decoded, mtf.argmax(logits, logits.shape.dims[-1])]
+    return greedy_decode_and_argmax(model, partial, VDTYPE, stop_at_token=None, has_partial_sequences=False)
 
   decoded, argmax = lower_and_evaluate(build, mode=mode)
   np.testing.assert_array_equal(decoded, argmax)

@@ -13,12 +13,7 @@ from typing import Callable, Iterator
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-MODEL_FEATURES = ("inputs", "inputs_position", "inputs_segmentation", "targets", "targets_position",
-                  "targets_segmentation", "targets_subsegmentation")
-
-
-def _model_features(example: dict) -> dict:
-  return {k: v for k, v in example.items() if k in MODEL_FEATURES}
+from mesh_tensorflow.transformer._utils.features import _filter_features
 
 
 def training_features(dataset: tf.data.Dataset, batch_size: int, batches_to_skip: int = 0) -> dict:
@@ -27,7 +22,7 @@ def training_features(dataset: tf.data.Dataset, batch_size: int, batches_to_skip
   Call inside the training graph, with a dataset built in it; each run of a tensor that depends
   on the result reads one batch.
   """
-  ds = dataset.map(_model_features).repeat().batch(batch_size, drop_remainder=True)
+  ds = dataset.map(_filter_features).repeat().batch(batch_size, drop_remainder=True)
   if batches_to_skip > 0:
     ds = ds.skip(batches_to_skip)
   return tf.data.make_one_shot_iterator(ds.prefetch(2)).get_next()
