@@ -2,13 +2,24 @@
 
 Works with any device strings: "" (no placement), "cpu:N", "gpu:N", or
 "/job:worker/task:K/device:CPU:0" in a TF cluster; in graph mode and in eager mode.
+
+Collectives pick their algorithm by where the devices are (`benchmarks/bench_transformer.py`
+and `benchmarks/bench_collectives.py` measure them):
+
+* CPU devices of one process: an allreduce is one reduction on the group's first device plus a
+  copy to each member, and an allconcat one concat per member, because copies between CPU
+  devices of one process cost almost nothing (8 MB in 32 tensors over 8 devices: ~3 ms, against
+  ~40 ms for a ring of copies or TF's CollectiveReduceV2);
+* anything else (GPUs, devices of several tasks or hosts): bidirectional rings of copies
+  (`ring_collectives.py`), which spread the bytes each link carries.
 """
 
 from __future__ import annotations
 
 import tensorflow.compat.v1 as tf
+from tensorflow.python.ops import resource_variable_ops
 
-from mesh_tensorflow._backends import ring_collectives
+from mesh_tensorflow._backends import ring_collectives, tf_collectives
 from mesh_tensorflow._core.layout import processor_groups
 from mesh_tensorflow._lowering import laid_out
 from mesh_tensorflow._lowering.lazy import convert_args_to_laid_out_tensors
@@ -44,12 +55,17 @@ class PlacementMeshImpl(MeshImpl):
           f"PlacementMeshImpl: mesh {self.shape} has {self.size} processors but {len(devices)} "
           f"devices were given ({devices}); pass exactly one device string per processor.")
     self._devices = devices
+    self._cpus_of_one_process = cpus_of_one_process(devices)
 
   class LaidOutTensor(laid_out.LaidOutTensor):
     """One tf.Tensor per processor, in pnum order."""
 
   class LaidOutVariable:
     """A master variable plus one slice variable per processor (slices are not checkpointed).
+
+    A variable the layout does not split is held whole by every processor; the processor on the
+    master's device then uses the master itself as its slice (when their dtypes agree and the
+    master is a resource variable), so no device holds a second copy of it.
 
     The graph reads each slice once (a snapshot) and every assignment waits for those reads, so a
     step that both reads and updates a variable sees its old value everywhere. In eager mode the
@@ -61,20 +77,20 @@ class PlacementMeshImpl(MeshImpl):
       self._mesh_impl = mesh_impl
       shape = variable.outputs[0].shape
       master_device = getattr(variable, "master_device", None) or ""
-      self._slice_is_master = (
-          mesh_impl.size == 1
-          and variable.master_dtype == variable.slice_dtype
-          and not getattr(variable, "is_stacked", False)
-          and mesh_impl.devices[0] in ("", master_device))
+      slice_shape = mesh_impl.slice_shape(shape)
+      master_pnum = _processor_holding_master(variable, mesh_impl, slice_shape == shape.to_integer_list)
+      self._slice_is_master = mesh_impl.size == 1 and master_pnum == 0
       if self._slice_is_master:
         self._slices = [variable.get_master()]
         self._copy_master_to_slices_fn = self._copy_slices_to_master_fn = lambda: tf.group([])
       else:
-        slice_shape = mesh_impl.slice_shape(shape)
         self._slices = []
         # A second lowering of the same graph (in the same TF graph) reuses the slices.
         with tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE):
           for pnum, device in enumerate(mesh_impl.devices):
+            if pnum == master_pnum:
+              self._slices.append(variable.get_master())
+              continue
             with tf.device(device):
               self._slices.append(tf.get_variable(
                   variable.name + "_slice_%d" % pnum, slice_shape, dtype=variable.slice_dtype,
@@ -180,14 +196,18 @@ class PlacementMeshImpl(MeshImpl):
     return self.LaidOutTensor(ret)
 
   def allreduce(self, x, mesh_axes, reduction_fn_string):
-    return self._collective_with_groups(
-        x, mesh_axes,
-        lambda xs, devices: ring_collectives.allreduce_ring(xs, devices, reduction_fn_string))
+    if self._cpus_of_one_process:
+      def collective(xs, devices):
+        return tf_collectives.allreduce(xs, devices, reduction_fn_string)
+    else:
+      def collective(xs, devices):
+        return ring_collectives.allreduce_ring(xs, devices, reduction_fn_string)
+    return self._collective_with_groups(x, mesh_axes, collective)
 
   def allconcat(self, x, mesh_axis, concat_axis):
-    return self._collective_with_groups(
-        x, [mesh_axis],
-        lambda xs, devices: ring_collectives.allconcat_ring(xs, devices, concat_axis))
+    concat = (ring_collectives.allconcat_direct if self._cpus_of_one_process
+              else ring_collectives.allconcat_ring)
+    return self._collective_with_groups(x, [mesh_axis], lambda xs, devices: concat(xs, devices, concat_axis))
 
   def alltoall(self, x, mesh_axis, split_axis, concat_axis):
     return self._collective_with_groups(
@@ -216,3 +236,32 @@ class PlacementMeshImpl(MeshImpl):
   def import_tf_tensor(self, x, tf_x):
     return self.LaidOutTensor(self.make_slices(tf_x, x.shape))
 
+
+
+def _processor_holding_master(variable, mesh_impl, whole: bool):
+  """The pnum whose slice can be the master variable itself, or None.
+
+  That needs a whole (unsplit), unstacked slice of the master's dtype on the master's device; with
+  several processors the master must also be a resource variable, whose reads are snapshots that
+  later assignments cannot change.
+  """
+  master = variable.get_master()
+  if (not whole or variable.master_dtype != variable.slice_dtype or getattr(variable, "is_stacked", False)
+      or (mesh_impl.size > 1 and not isinstance(master, resource_variable_ops.BaseResourceVariable))):
+    return None
+  master_device = getattr(variable, "master_device", None) or ""
+  for pnum, device in enumerate(mesh_impl.devices):
+    if device == "" or (master_device and _canonical(device) == _canonical(master_device)):
+      return pnum
+  return None
+
+
+def _canonical(device: str) -> str:
+  return tf.DeviceSpec.from_string(device).to_string()
+
+
+def cpus_of_one_process(devices) -> bool:
+  """True if every device is a CPU (or unplaced, "") of one and the same task."""
+  specs = [tf.DeviceSpec.from_string(d) for d in devices]
+  return (all(s.device_type in (None, "CPU") for s in specs)
+          and len({(s.job, s.replica, s.task) for s in specs}) == 1)

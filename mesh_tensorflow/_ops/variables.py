@@ -71,6 +71,9 @@ class Variable(Operation):
       self.graph.trainable_variables.append(self)
 
   def _create_master(self, mesh, name, shape, initializer, trainable, **kwargs):
+    # A resource variable (also under tf.disable_v2_behavior): its reads are snapshots, so the
+    # backend may use it as a processor's slice (see PlacementMeshImpl.LaidOutVariable).
+    kwargs.setdefault("use_resource", True)
     with tf.device(mesh.variable_placer_fn), outside_all_rewrites():
       self._master = tf.get_variable(name, shape.to_integer_list, dtype=self.master_dtype,
                                      initializer=initializer, trainable=trainable, **kwargs)

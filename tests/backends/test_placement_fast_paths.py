@@ -1,0 +1,84 @@
+"""The placement backend picks its collectives' algorithm by where the devices are."""
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow._backends import ring_collectives
+from mesh_tensorflow._backends.placement import cpus_of_one_process
+from tests.harness import MODES, cpu_devices, session_config
+
+TWO_TASKS = [f"/job:worker/task:{t}/device:CPU:{c}" for t in range(2) for c in range(4)]
+
+
+@pytest.mark.parametrize("devices,expected", [
+    (cpu_devices(8), True), ([""] * 4, True), (["cpu:0", "/device:CPU:1", ""], True),
+    (["gpu:0", "gpu:1"], False), (["cpu:0", "gpu:0"], False), (TWO_TASKS, False),
+    ([f"/job:worker/task:0/device:CPU:{c}" for c in range(4)], True),
+])
+def test_cpus_of_one_process_tells_local_cpus_from_gpus_and_other_tasks(devices, expected):
+  assert cpus_of_one_process(devices) is expected
+
+
+def _op_types_of_allreduce(devices, shape=(64, 64)):
+  """The TF op types an 8-way SUM allreduce builds (graph only, not run)."""
+  with tf.Graph().as_default() as graph:
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "", devices)
+    xs = []
+    for d in devices:
+      with tf.device(d):
+        xs.append(tf.placeholder(tf.float32, shape))
+    before = len(graph.get_operations())
+    impl.allreduce(impl.LaidOutTensor(xs), [0], "SUM")
+    return [op.type for op in graph.get_operations()[before:]]
+
+
+def test_allreduce_on_cpus_of_one_process_is_one_add_n_and_a_copy_per_device():
+  types = _op_types_of_allreduce(cpu_devices(8))
+  assert sorted(types) == ["AddN"] + ["Identity"] * 8
+
+
+def test_allreduce_across_tasks_keeps_the_chunked_ring():
+  types = _op_types_of_allreduce(TWO_TASKS)
+  assert "AddN" not in types
+  assert types.count("AddV2") == 8 * 8  # n chunks, each summed toward both centre devices
+
+
+def _run(mode, fn):
+  if mode == "eager":
+    return [t.numpy() for t in fn()]
+  with tf.Graph().as_default():
+    outputs = fn()
+    with tf.Session(config=session_config()) as sess:
+      return sess.run(outputs)
+
+
+def _constants(devices, arrays):
+  ret = []
+  for d, a in zip(devices, arrays):
+    with tf.device(d):
+      ret.append(tf.constant(a))
+  return ret
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_in_process_and_ring_algorithms_give_the_same_results(mode):
+  devices = cpu_devices(4)
+  rng = np.random.RandomState(0)
+  xs = [rng.randint(-9, 9, size=(8, 256)).astype(np.float32) for _ in devices]
+
+  def build():
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:4", "", devices)
+    laid_out = impl.LaidOutTensor(_constants(devices, xs))
+    ts = laid_out.tensor_list
+    return (impl.allreduce(laid_out, [0], "SUM").tensor_list
+            + ring_collectives.allreduce_ring(ts, devices, "SUM")
+            + impl.allconcat(laid_out, 0, 1).tensor_list
+            + ring_collectives.allconcat_ring(ts, devices, 1))
+  got = _run(mode, build)
+  for k in range(4):
+    np.testing.assert_array_equal(got[k], np.sum(xs, axis=0))
+    np.testing.assert_array_equal(got[4 + k], got[k])
+    np.testing.assert_array_equal(got[8 + k], np.concatenate(xs, 1))
+    np.testing.assert_array_equal(got[12 + k], got[8 + k])
