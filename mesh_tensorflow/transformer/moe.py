@@ -507,21 +507,8 @@ def _switch_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, 
   then argmax). Tokens past an expert's capacity (in token order) are dropped. Returns dispatch,
   combine [<batch>, group, experts, expert_capacity] and the load-balancing loss.
   """
-  group_size_dim = inputs.shape.dims[-2]
-  inputs, policy = _switch_inputs_and_policy(inputs, hparams, train)
-  gate_logits = _gate_logits(inputs, experts_dim, outer_expert_dims, variable_dtype, name)
-  raw_gates = mtf.to_float(mtf.softmax(gate_logits, experts_dim))
-  expert_gate, expert_index = _switch_choice(gate_logits, raw_gates, experts_dim, policy, hparams)
-  expert_gate, expert_mask, density_proxy = _first_choice(expert_gate, expert_index, raw_gates, experts_dim,
-                                                          importance)
-  loss = _load_balance_loss(expert_mask, density_proxy, group_size_dim, experts_dim)
-  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches)
-
-  _, expert_mask_flat, position_in_expert = _take_slots(expert_mask, group_size_dim, experts_dim,
-                                                        float(expert_capacity_dim.size))
-  combine_tensor = (expert_gate * expert_mask_flat * mtf.one_hot(expert_index, experts_dim, dtype=tf.float32)
-                    * _slot_one_hot(position_in_expert, expert_capacity_dim))
-  return _finish_routing(combine_tensor, loss, inputs)
+  return _switch_choices_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train,
+                                variable_dtype, importance, name, num_microbatches, num_choices=1)
 
 
 def _ntlb_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train,
@@ -531,6 +518,18 @@ def _ntlb_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hp
 
   The token's weight is the gate probability of the expert it lands in; the load-balancing loss
   is the Switch loss on first choices.
+  """
+  return _switch_choices_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train,
+                                variable_dtype, importance, name, num_microbatches,
+                                num_choices=hparams.moe_ntlb_top_k)
+
+
+def _switch_choices_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train,
+                           variable_dtype, importance, name, num_microbatches, num_choices: int):
+  """Switch gating where a token dropped by a full expert tries its next `num_choices - 1` choices.
+
+  The first choice follows the switch policy, later ones the remaining gates in order; each
+  choice takes the experts' free slots in token order. num_choices=1 is plain Switch gating.
   """
   group_size_dim = inputs.shape.dims[-2]
   inputs, policy = _switch_inputs_and_policy(inputs, hparams, train)
@@ -543,23 +542,24 @@ def _ntlb_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hp
   loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches)
 
   capacity = float(expert_capacity_dim.size)
-  unplaced = (mtf.ones(inputs.mesh, first_gate.shape, tf.float32) if importance is None
-              else mtf.to_float(mtf.equal(importance, 1.0)))
-  occupancy = mtf.zeros(inputs.mesh, first_mask.shape - group_size_dim, tf.float32)
+  num_choices = min(num_choices, experts_dim.size)
+  gate, index = first_gate, first_index
+  # State between choices: tokens not placed yet, slots taken per expert, gates not yet chosen.
+  unplaced = None if importance is None else mtf.to_float(mtf.equal(importance, 1.0))
+  occupancy = None
   remaining = raw_gates
   combine_tensor = None
-  for choice in range(min(hparams.moe_ntlb_top_k, experts_dim.size)):
-    if choice == 0:
-      gate, index = first_gate, first_index
-    else:
-      gate, index = mtf.top_1(remaining, experts_dim)
+  for choice in range(num_choices):
     choice_one_hot = mtf.one_hot(index, experts_dim, dtype=tf.float32)
-    remaining *= 1.0 - choice_one_hot
-    mask, placed, position = _take_slots(choice_one_hot * unplaced, group_size_dim, experts_dim, capacity,
-                                         taken=occupancy)
-    occupancy += mtf.reduce_sum(mask, reduced_dim=group_size_dim)
-    unplaced *= 1.0 - placed
+    mask, placed, position = _take_slots(choice_one_hot if unplaced is None else choice_one_hot * unplaced,
+                                         group_size_dim, experts_dim, capacity, taken=occupancy)
     term = gate * placed * choice_one_hot * _slot_one_hot(position, expert_capacity_dim)
     combine_tensor = term if combine_tensor is None else combine_tensor + term
+    if choice + 1 < num_choices:
+      taken = mtf.reduce_sum(mask, reduced_dim=group_size_dim)
+      occupancy = taken if occupancy is None else occupancy + taken
+      unplaced = 1.0 - placed if unplaced is None else unplaced * (1.0 - placed)
+      remaining *= 1.0 - choice_one_hot
+      gate, index = mtf.top_1(remaining, experts_dim)
   return _finish_routing(combine_tensor, loss, inputs)
 
