@@ -321,6 +321,15 @@ def test_moe_v1_output_and_gradients_match_reference_routing(gating):
       [mtf.Dimension("experts", NUM_EXPERTS), D_MODEL_DIM, mtf.Dimension("expert_hidden", HIDDEN)])
 
 
+def _assert_split_equals_single(split, single):
+  """A layer run under a layout gave the one-processor run's variables, output and variable gradients."""
+  for name, value in single.variables.items():
+    np.testing.assert_allclose(split.variables[name], value, rtol=1e-6)
+  np.testing.assert_allclose(split.y, single.y, rtol=1e-5, atol=1e-6)
+  for name, grad in single.variable_grads.items():
+    np.testing.assert_allclose(split.variable_grads[name], grad, rtol=1e-4, atol=1e-5)
+
+
 LAYOUTS = [  # (mesh shape, layout, evaluation mode)
     ("all:4", "batch:all;experts:all", "eager"),
     ("batch:2;model:4", "batch:batch;experts:batch;expert_hidden:model", "graph"),
@@ -335,11 +344,7 @@ def test_moe_v1_with_experts_split_equals_one_processor(mesh_shape, layout, mode
   split = check_layer(layer, _moe_reference("top_2", hparams, layout, mesh_shape), [(X, X_SHAPE)],
                       mesh_shape, layout, mode)
   single = run_layer(layer, [(X, X_SHAPE)], "all:1", "", mode)
-  for name, value in single.variables.items():
-    np.testing.assert_allclose(split.variables[name], value, rtol=1e-6)
-  np.testing.assert_allclose(split.y, single.y, rtol=1e-5, atol=1e-6)
-  for name, grad in single.variable_grads.items():
-    np.testing.assert_allclose(split.variable_grads[name], grad, rtol=1e-4, atol=1e-5)
+  _assert_split_equals_single(split, single)
   np.testing.assert_allclose(split.input_grads[0], single.input_grads[0], rtol=1e-4, atol=1e-5)
 
 
@@ -352,9 +357,7 @@ def test_moe_v1_with_outer_batch_replicating_experts_equals_one_processor():
   layer = _moe_layer(hparams, layout, mesh_shape)
   single = run_layer(layer, [(x, shape)], "all:1", "", "eager")
   split = run_layer(layer, [(x, shape)], mesh_shape, layout, "eager")
-  np.testing.assert_allclose(split.y, single.y, rtol=1e-5, atol=1e-6)
-  for name, grad in single.variable_grads.items():
-    np.testing.assert_allclose(split.variable_grads[name], grad, rtol=1e-4, atol=1e-5)
+  _assert_split_equals_single(split, single)
   assert np.abs(single.y).sum() > 0
 
 
@@ -443,11 +446,7 @@ def test_moe2d_layouts_equal_one_processor():
   single = run_layer(layer, [(x, shape)], "all:1", "", mode)
   split = run_layer(layer, [(x, shape)], mesh_shape, layout, mode)
   assert sorted(single.shapes) == ["inner_gating/kernel", "outer_gating/kernel", "wi/kernel", "wo/kernel"]
-  for name, value in single.variables.items():
-    np.testing.assert_allclose(split.variables[name], value, rtol=1e-6)
-  np.testing.assert_allclose(split.y, single.y, rtol=1e-5, atol=1e-6)
-  for name, grad in single.variable_grads.items():
-    np.testing.assert_allclose(split.variable_grads[name], grad, rtol=1e-4, atol=1e-5)
+  _assert_split_equals_single(split, single)
   assert np.abs(single.y).sum() > 0
 
 
