@@ -309,7 +309,14 @@ def expand_dims_to(x, input_shape: Shape, output_shape: Shape):
   if input_shape == output_shape or input_shape.ndims == 0:
     return x
   perm = [input_shape.dims.index(d) for d in output_shape if d in input_shape.dims]
-  x = tf.transpose(x, perm)
+  if perm != sorted(perm):
+    x = tf.transpose(x, perm)
+  if input_shape.ndims == output_shape.ndims:
+    return x
+  sizes = x.shape.as_list() if x.shape.rank is not None else [None]
+  if None not in sizes:  # one reshape inserts every size-1 dim (fewer TF ops than expand_dims each)
+    sizes = iter(sizes)
+    return tf.reshape(x, [next(sizes) if d in input_shape.dims else 1 for d in output_shape])
   for i, d in enumerate(output_shape):
     if d not in input_shape.dims:
       x = tf.expand_dims(x, i)
