@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
+import gin
 import numpy as np
 import tensorflow.compat.v1 as tf
 
@@ -40,6 +42,18 @@ def bitransformer(vocab=12, max_length=8, d_model=8, **kwargs) -> transformer.Bi
       d_model=d_model, input_vocab_size=vocab, output_vocab_size=vocab, autoregressive=True,
       max_length=max_length, vocab_divisor=4, name="decoder")
   return transformer.Bitransformer(encoder, decoder, **kwargs)
+
+
+@contextlib.contextmanager
+def gin_config(bindings):
+  """Gin bindings (a string or a list of lines) on a clean config for the body, cleared after it."""
+  gin.clear_config()
+  with gin.unlock_config():
+    gin.parse_config(bindings)
+  try:
+    yield
+  finally:
+    gin.clear_config()
 
 
 def named_layer_stack(layers: list) -> transformer.LayerStack:

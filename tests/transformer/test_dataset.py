@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import gin
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow.transformer import dataset
 from mesh_tensorflow.transformer.vocabulary import ByteVocabulary
+from tests.transformer.model_check import gin_config
 
 
 def _dataset(examples, keys=("inputs", "targets"), dtype=tf.int64):
@@ -169,12 +169,8 @@ def test_text_line_datasets_read_and_mix_files(tmp_path):
                                                  shuffle_buffer_size=10, prefetch=1)
   assert set(mixed.take(20).as_numpy_iterator()) == {b"a1", b"a2"}  # endless: repeats
   # A small shuffle buffer: the default (100000) fills from the endless stream first.
-  with gin.unlock_config():
-    gin.bind_parameter("dataset.sample_from_text_line_datasets.shuffle_buffer_size", 4)
-  try:
+  with gin_config("dataset.sample_from_text_line_datasets.shuffle_buffer_size = 4"):
     repeated = dataset.make_text_line_dataset(str(tmp_path / "b.txt"))
-  finally:
-    gin.clear_config()
   assert list(repeated.take(3).as_numpy_iterator()) == [b"b1"] * 3
   with pytest.raises(ValueError, match="no file matches"):
     dataset.simple_text_line_dataset(str(tmp_path / "missing*"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gin
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -11,7 +10,7 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import funnel_transformer, transformer, transformer_layers
 from tests.harness import lower_and_evaluate
 from tests.layers.layer_check import check_layer
-from tests.transformer.model_check import named_layer_stack
+from tests.transformer.model_check import gin_config, named_layer_stack
 
 RNG = np.random.RandomState(0)
 BATCH, LENGTH, D_MODEL = 4, 8, 4
@@ -226,7 +225,7 @@ def test_bitransformer_funnel_needs_a_funnel_encoder():
 
 
 def test_gin_builds_a_funnel_encoder_stack_with_make_layer_stack():
-  gin.parse_config("""
+  with gin_config("""
       import mesh_tensorflow.transformer.funnel_transformer
       transformer.make_layer_stack.layer_stack_cls = @funnel_transformer.FunnelTransformerLayerStack
       transformer.make_layer_stack.num_layers = 2
@@ -234,11 +233,8 @@ def test_gin_builds_a_funnel_encoder_stack_with_make_layer_stack():
       funnel_transformer.FunnelTransformerLayerStack.block_param_size = [1, 1]
       funnel_transformer.FunnelTransformerLayerStack.block_repeat_size = [1, 1]
       funnel_transformer.FunnelTransformerLayerStack.n_submodules = 1
-  """)
-  try:
+  """):
     stack = transformer.make_layer_stack(layers=[_Affine])
-  finally:
-    gin.clear_config()
   assert isinstance(stack, funnel_transformer.FunnelTransformerLayerStack) and len(stack.layers) == 2
   mesh = mtf.Mesh(mtf.Graph(), "my_mesh")
   y = stack.call(_context(_model(stack), mesh), mtf.zeros(mesh, X_SHAPE))

@@ -9,6 +9,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow.transformer import learning_rate_schedules as lrs
+from tests.transformer.model_check import gin_config
 
 TOTAL = 1000
 STEPS = [0, 1, 50, 99, 100, 101, 500, 899, 900, 950, 1000]
@@ -90,10 +91,5 @@ def test_linear_decay_learning_rate_upstream_values():
 
 
 def test_schedules_are_gin_configurable_under_their_module_name():
-  import gin
-  with gin.unlock_config():
-    gin.parse_config("learning_rate_schedules.constant_learning_rate.learning_rate = 0.5")
-  try:
+  with gin_config("learning_rate_schedules.constant_learning_rate.learning_rate = 0.5"):
     assert lrs.constant_learning_rate(3, 10) == 0.5
-  finally:
-    gin.clear_config()

@@ -14,7 +14,7 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import transformer, transformer_layers
 from tests.harness import assert_allclose, lower_and_evaluate
 from tests.transformer import model_check
-from tests.transformer.model_check import LAYOUT_2X4, MESH_2X4, import_ids
+from tests.transformer.model_check import LAYOUT_2X4, MESH_2X4, gin_config, import_ids
 
 BATCH, LENGTH, VOCAB = 4, 8, 12
 F32 = mtf.VariableDType(tf.float32)
@@ -603,15 +603,10 @@ def test_gin_builds_a_bitransformer_with_scoped_layer_lists():
     Unitransformer.sample_autoregressive.sampling_keep_top_k = 3
     Bitransformer.decode.beam_size = 4
   """
-  with gin.unlock_config():
-    gin.clear_config()
-    gin.parse_config(config)
-    try:
-      model = transformer.make_bitransformer(input_vocab_size=VOCAB, output_vocab_size=VOCAB)
-      assert gin.query_parameter("Unitransformer.sample_autoregressive.sampling_keep_top_k") == 3
-      assert gin.query_parameter("Bitransformer.decode.beam_size") == 4
-    finally:
-      gin.clear_config()
+  with gin_config(config):
+    model = transformer.make_bitransformer(input_vocab_size=VOCAB, output_vocab_size=VOCAB)
+    assert gin.query_parameter("Unitransformer.sample_autoregressive.sampling_keep_top_k") == 3
+    assert gin.query_parameter("Bitransformer.decode.beam_size") == 4
   assert [type(layer).__name__ for layer in model.decoder.layer_stack.layers] == [
       "SelfAttention", "EncDecAttention"]
   assert model.encoder.layer_stack.num_layers == 1 and model.encoder.output_vocab_dim is None
@@ -627,13 +622,8 @@ def test_gin_builds_a_student_teacher_from_student_and_teacher_scopes():
     transformer.Unitransformer.max_length = 8
     student/encoder/transformer.Unitransformer.d_model = 16
   """
-  with gin.unlock_config():
-    gin.clear_config()
-    gin.parse_config(config)
-    try:
-      model = transformer.make_bi_student_teacher(input_vocab_size=VOCAB, output_vocab_size=VOCAB)
-    finally:
-      gin.clear_config()
+  with gin_config(config):
+    model = transformer.make_bi_student_teacher(input_vocab_size=VOCAB, output_vocab_size=VOCAB)
   assert isinstance(model, transformer.StudentTeacher)
   assert [m.layer_stack.num_layers for m in (model.student.encoder, model.teacher.decoder)] == [1, 3]
   assert (model.student.encoder.model_dim.size, model.teacher.encoder.model_dim.size) == (16, 1024)

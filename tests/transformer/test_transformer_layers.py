@@ -7,7 +7,6 @@ under data-parallel, model-parallel and 2-D layouts.
 
 from __future__ import annotations
 
-import gin
 import numpy as np
 import pytest
 import tensorflow as tf2
@@ -20,6 +19,7 @@ from tests.layers.layer_check import check_layer
 from tests.transformer.layer_context import (
     call_layer, causal_bias, make_context, model_stub, segment_bias, tf_multihead_attention, tf_project_heads,
     visibility_bias)
+from tests.transformer.model_check import gin_config
 
 RNG = np.random.RandomState(0)
 BATCH, LENGTH, D_MODEL = 2, 6, 8
@@ -304,18 +304,12 @@ def test_parallel_layer_sums_its_layers_each_in_its_own_scope():
 
 
 def test_layers_are_gin_configurable_by_short_and_full_module_name():
-  gin.clear_config()
-  try:
-    gin.parse_config([
-        "transformer_layers.SelfAttention.num_heads = 3",
-        "mesh_tensorflow.transformer.transformer_layers.DenseReluDense.hidden_size = 7",
-        "transformer_layers.LocalSelfAttention.radius = 5",
-    ])
+  with gin_config(["transformer_layers.SelfAttention.num_heads = 3",
+                   "mesh_tensorflow.transformer.transformer_layers.DenseReluDense.hidden_size = 7",
+                   "transformer_layers.LocalSelfAttention.radius = 5"]):
     assert transformer_layers.SelfAttention().num_heads == 3
     assert transformer_layers.DenseReluDense().hidden_size == 7
     assert transformer_layers.LocalSelfAttention().radius == 5
-  finally:
-    gin.clear_config()
 
 
 
@@ -388,8 +382,5 @@ def test_enc_dec_attention_relative_bias_is_indexed_by_span_position():
     return tf_multihead_attention(x, encoder_output, variables, "layer", HEADS, bias)
   inputs = [(_x(), X_SHAPE), (RNG.randn(BATCH, 5, D_MODEL).astype(np.float32), ENCODER_SHAPE),
             (decoder_inputs, "batch:2;length:6"), (encoder_inputs, "batch:2;memory_length:5")]
-  gin.bind_parameter("transformer_layers.relative_position_spans.num_sentinels", 2)  # as a gin file would
-  try:
+  with gin_config("transformer_layers.relative_position_spans.num_sentinels = 2"):  # as a gin file would
     check_layer(build, reference, inputs, "batch:2", "batch:batch")
-  finally:
-    gin.clear_config()

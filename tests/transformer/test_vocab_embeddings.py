@@ -5,7 +5,6 @@ from __future__ import annotations
 import types
 from unittest import mock
 
-import gin
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -14,6 +13,7 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import transformer, transformer_layers, vocab_embeddings
 from tests.harness import lower_and_evaluate
 from tests.layers.layer_check import check_layer, shape_keyed_initializer
+from tests.transformer.model_check import gin_config
 
 RNG = np.random.RandomState(0)
 VOCAB, D_MODEL = 8, 4
@@ -234,8 +234,7 @@ def test_mixtape_rejects_bad_fractions():
      {"embedding_embedding_weights", "embedding_mixture_weights", "embedding_context_weights"}),
 ])
 def test_gin_selects_the_vocab_embedding_of_a_unitransformer(binding, names):
-  gin.parse_config("import mesh_tensorflow.transformer.vocab_embeddings\n" + binding)
-  try:
+  with gin_config("import mesh_tensorflow.transformer.vocab_embeddings\n" + binding):
     layer = transformer_layers.DenseReluDense(hidden_size=8)
     layer.set_name("layer_000")
     model = transformer.Unitransformer(
@@ -251,6 +250,4 @@ def test_gin_selects_the_vocab_embedding_of_a_unitransformer(binding, names):
       return [logits, loss]
 
     logits, loss = lower_and_evaluate(build)
-  finally:
-    gin.clear_config()
   assert logits.shape == (4, 3, VOCAB) and np.isfinite(loss)
