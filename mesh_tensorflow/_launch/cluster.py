@@ -118,8 +118,9 @@ class Cluster:
     config.experimental.collective_group_leader = self.task_device(0)
     # This process sees only its own task: ops placed nowhere (master variables) stay here.
     config.device_filters.append(self.task_device(self.task_index))
-    # Each session its own variables, as in one process (the server would share them by name).
-    config.isolate_session_state = True
+    # Sessions on one server share variables by name (isolate_session_state would separate them,
+    # but TF 2.21 then crashes when a collective is aborted): a process that builds a second
+    # graph with the same names builds it under tf.container("<unique name>").
     return config
 
   def server(self) -> tf.distribute.Server:

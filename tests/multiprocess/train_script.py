@@ -51,7 +51,8 @@ def train(mesh_shape: str, layout: str, steps: int, cluster=None, ckpt_dir: str 
           restore: bool = False, die_at_step: int = -1) -> list:
   """Runs `steps` SGD steps; returns per step {"step", "loss", "grads"} (grads as nested lists)."""
   rank = cluster.task_index if cluster else 0
-  with tf.Graph().as_default() as tf_graph:
+  # A container per run: sessions on one server share variables by name (see Cluster).
+  with tf.Graph().as_default() as tf_graph, tf.container(f"{mesh_shape}/{layout}"):
     tf.set_random_seed(1)
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
