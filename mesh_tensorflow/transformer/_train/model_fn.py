@@ -130,7 +130,7 @@ def _decode(model, mtf_features: dict, variable_dtype):
 
 def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtype, autostack: bool = True,
                       optimizer: Optional[Callable] = None, learning_rate=None,
-                      variable_filter: Optional[Callable] = None) -> LoweredModel:
+                      variable_filter: Optional[Callable] = None, variable_placer=None) -> LoweredModel:
   """Builds and lowers one mode's graph on mesh "my_mesh" in the default TF graph.
 
   Args:
@@ -143,6 +143,8 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
     optimizer: train only; called as optimizer(learning_rate=...) (a gin-configured class).
     learning_rate: train only; a TF scalar, float or None (the optimizer's default).
     variable_filter: train only; a predicate on variable names selecting what is trained.
+    variable_placer: places the master variables (an mtf.utils.BalancedVariablePlacer over the
+      TPU hosts, say); default: all on "cpu:0".
 
   Returns:
     LoweredModel with outputs: train {"loss", "learning_rate", "tokens"}, eval {"log_likelihood",
@@ -151,7 +153,7 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
   if mode not in MODES:
     raise ValueError(f"Unknown model_fn mode {mode!r}; expected one of {MODES}.")
   graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, MESH_NAME)
+  mesh = mtf.Mesh(graph, MESH_NAME, variable_placer)
   mtf_features = _import_features(mesh, features)
   mtf_outputs, update_ops = {}, []
   if mode == "infer":

@@ -20,6 +20,7 @@ from mesh_tensorflow.transformer import dataset as dataset_lib, learning_rate_sc
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer._train import checkpoints, decode, export, inputs, loop, model_fn
 from mesh_tensorflow.transformer._train import eval as eval_lib
+from mesh_tensorflow.transformer._train import tpu as tpu_lib
 from mesh_tensorflow.transformer._utils import GIN_MODULE
 from mesh_tensorflow.transformer._utils.checkpoint_selection import get_checkpoint_iterator
 from mesh_tensorflow.transformer._utils.mesh_sizes import (
@@ -40,13 +41,14 @@ def check_mode(mode: str, dataset_split: str) -> None:
 
 def train_model(config: loop.TrainConfig, model, vocabulary, sequence_length: dict,
                 train_dataset_fn: Optional[Callable], dataset_split: str, variable_dtype,
-                print_fn: Callable = print) -> dict:
-  """The default `utils.run.train_model_fn`: builds the training dataset and runs the loop."""
+                print_fn: Callable = print, trainer: Callable = loop.train) -> dict:
+  """The default `utils.run.train_model_fn`: builds the training dataset and runs the loop
+  (`trainer`: loop.train on CPUs/GPUs, tpu.train on a TPU)."""
   if train_dataset_fn is None:
     raise ValueError("mode 'train' needs utils.run.train_dataset_fn.")
   dataset_fn = functools.partial(train_dataset_fn, sequence_length=sequence_length, vocabulary=vocabulary,
                                  dataset_split=dataset_split)
-  return loop.train(model, dataset_fn, config, variable_dtype, print_fn)
+  return trainer(model, dataset_fn, config, variable_dtype, print_fn)
 
 
 @gin.configurable(module=GIN_MODULE)
@@ -135,19 +137,24 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
   Same arguments as upstream's `utils.run`. Differences, all because there is no estimator:
   training is our session loop (`loop.train`), so the input position always resumes with the
   global step (`skip_seen_data` / `checkpoint_input_pipeline` need not be set; `seen_data_init_step`
-  still offsets it); `train_model_fn` has the signature of `train_model` here; TPUs (`tpu` set) are
-  refused with an explanation, since the TPU session loop is not part of this release. Returns
+  still offsets it); `train_model_fn` has the signature of `train_model` here (with `trainer`); with
+  `tpu` set, training runs on the TPU (`tpu.train`: SimdMeshImpl in tpu.replicate, infeed, host
+  checkpoints) after `tpu.connect` checks the TPU answers, and other modes are refused. Returns
   what the mode produced (train: final step and loss; perplexity_eval: a list of result dicts;
   eval: metrics; infer: decodes; score_*: scores; export_*: the export directory).
   """
-  del tpu_job_name, gcp_project, tpu_zone, predict_fn, ensemble_inputs, output_eval_examples
+  del predict_fn, ensemble_inputs, output_eval_examples
   del skip_seen_data, checkpoint_input_pipeline  # the data position always resumes (see above)
   check_mode(mode, dataset_split)
+  trainer = loop.train
   if tpu:
-    raise NotImplementedError(
-        f"tpu={tpu!r}: training on TPUs needs a TPU session loop around SimdMeshImpl "
-        f"(model_fn.make_mesh_impl(..., device_assignment=...)), which this release does not include. "
-        f"Run on CPUs/GPUs with utils.run.mesh_devices.")
+    if mode != "train":
+      raise NotImplementedError(
+          f"tpu={tpu!r}: mode {mode!r} does not run on TPUs in this release, only 'train'. Checkpoints "
+          f"do not depend on the mesh: run {mode!r} on CPUs/GPUs (leave --tpu unset).")
+    cluster = tpu_lib.connect(tpu, tpu_zone, gcp_project, tpu_job_name)  # before any graph is built
+    trainer = functools.partial(tpu_lib.train, cluster=cluster,
+                                hierarchical_tiling_spec=tpu_lib.hierarchical_tiling_spec())
   if isinstance(sequence_length, int) or sequence_length is None:
     sequence_length = {"inputs": sequence_length or 512, "targets": sequence_length or 512}
   mesh_shape, layout_rules = mtf.convert_to_shape(mesh_shape), mtf.convert_to_layout_rules(layout_rules)
@@ -180,7 +187,7 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
         variable_filter=_variable_filter(variable_filter), init_checkpoint=init_checkpoint,
         seen_data_init_step=seen_data_init_step)
     return train_model_fn(config, model, vocabulary, sequence_length, train_dataset_fn, dataset_split,
-                          variable_dtype)
+                          variable_dtype, trainer=trainer)
   if mode in ("export", "export_infer", "export_score"):
     path = (checkpoints.latest_checkpoint(model_dir) if export_checkpoint_step is None
             else checkpoints.checkpoint_path(model_dir, export_checkpoint_step))
