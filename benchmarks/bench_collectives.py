@@ -14,7 +14,7 @@ Transformer's gradients and activations:
 Runs are interleaved (machine noise hits every candidate alike); reports the median ms per run
 over --reps repetitions and the ratio to the fastest candidate.
 
-    python benchmarks/bench_collectives.py [--devices 8] [--reps 7] [--iters 10]
+    python benchmarks/bench_collectives.py [--devices 8] [--reps 7] [--iters 10] [--num_tensors N]
 """
 
 from __future__ import annotations
@@ -111,6 +111,8 @@ def main(argv=None) -> None:
   parser.add_argument("--devices", type=int, default=8)
   parser.add_argument("--reps", type=int, default=7)
   parser.add_argument("--iters", type=int, default=10)
+  parser.add_argument("--num_tensors", type=int, default=None,
+                      help="tensors per collective (default: each case's, 8 or 32); small for a quick check")
   args = parser.parse_args(argv)
   cpus = tf2.config.list_physical_devices("CPU")
   tf2.config.set_logical_device_configuration(
@@ -121,6 +123,7 @@ def main(argv=None) -> None:
         f"{args.iters} iterations over {args.reps} interleaved repetitions")
   print(f"{'collective':<10} {'tensors x slice':<16} {'algorithm':<14} {'ms':>8} {'ratio':>7}")
   for collective, num_tensors, slice_shape in CASES:
+    num_tensors = args.num_tensors or num_tensors
     algorithms = list(_candidates()[collective])
     with tf.Graph().as_default():
       fetches = {a: _build(collective, a, num_tensors, slice_shape, devices) for a in algorithms}
