@@ -26,7 +26,7 @@ from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
 
 flags.DEFINE_string("tpu_job_name", None, "Name of the TPU worker job (TPUs: see utils.run).")
 flags.DEFINE_string("model_dir", "/tmp/transformer_standalone", "Directory of checkpoints, logs and config.")
-flags.DEFINE_string("tpu", None, "The Cloud TPU to use (TPUs are not supported by this release).")
+flags.DEFINE_string("tpu", None, "Cloud TPU to train on: a TPU name or grpc://HOST:8470 (docs/tpu.md).")
 flags.DEFINE_string("gcp_project", None, "Cloud project of the TPU.")
 flags.DEFINE_string("tpu_zone", None, "Zone of the TPU.")
 flags.DEFINE_multi_string("module_import", None, "Modules to import first (e.g. with gin configurables).")

@@ -198,7 +198,8 @@ class TrainingGraph:
   num_steps: tf.Tensor         # placeholder: steps in the next loop
   enqueue_op: tf.Operation     # one batch into every replica's infeed
   lowering: mtf.Lowering
-  global_step: tf.Variable
+  new_global_step: tf.Tensor   # placeholder: the global step after a loop
+  set_global_step: tf.Operation
 
 
 def build_training_graph(model, dataset: tf.data.Dataset, config: loop.TrainConfig, variable_dtype,
@@ -220,6 +221,8 @@ def build_training_graph(model, dataset: tf.data.Dataset, config: loop.TrainConf
     keys = sorted(batch)
     flat = [tf.cast(batch[k], tf.int32) for k in keys]
     num_steps = tf.placeholder(tf.int32, [], name="steps_per_loop")
+    new_global_step = tf.placeholder(tf.int64, [], name="new_global_step")
+    set_global_step = global_step.assign(new_global_step, read_value=False)
   queue = tpu_feed.InfeedQueue(tuple_types=[tf.int32] * len(keys), tuple_shapes=[t.shape for t in flat])
   enqueue_op = tf.group(queue.generate_enqueue_ops(
       [flat] * num_replicas,
@@ -248,7 +251,8 @@ def build_training_graph(model, dataset: tf.data.Dataset, config: loop.TrainConf
     outputs = tf.tpu.replicate(computation, inputs=[[num_steps]] * num_replicas,
                                device_assignment=device_assignment)
   return TrainingGraph(loop_outputs=outputs[0], num_steps=num_steps, enqueue_op=enqueue_op,
-                       lowering=built["lowering"], global_step=global_step)
+                       lowering=built["lowering"], new_global_step=new_global_step,
+                       set_global_step=set_global_step)
 
 
 @contextlib.contextmanager
@@ -343,6 +347,9 @@ def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: loop.TrainCo
                                     config.save_checkpoints_steps):
         loss, learning_rate, tokens = _run_loop(session, graph, num_steps)
         step += num_steps
+        # Each replica incremented its copy of the global step; the host's is set explicitly so
+        # that checkpoints carry the right step whichever copy the TPU wrote back.
+        session.run(graph.set_global_step, {graph.new_global_step: step})
         if first_step_seconds is None:
           first_step_seconds = time.time() - started
           print_fn(f"First training loop ({num_steps} steps) done {first_step_seconds:.1f}s after start.")
