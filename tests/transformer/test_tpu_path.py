@@ -84,6 +84,17 @@ def test_hierarchical_tiling_spec_gives_the_logical_to_physical_map():
   assert l2p == mtf.simd_mesh_impl.HierarchicalTiling(spec, [4, 4, 2]).logical_to_physical
 
 
+def test_hierarchical_tiling_spec_is_read_from_the_tpu_mesh_shape_binding():
+  gin.clear_config()
+  assert tpu_lib.hierarchical_tiling_spec() is None
+  with gin.unlock_config():
+    gin.bind_parameter("utils.tpu_mesh_shape.model_parallelism", 2)
+    assert tpu_lib.hierarchical_tiling_spec() is None
+    gin.bind_parameter("utils.tpu_mesh_shape.model_parallelism", [("batch", None), ("model", [2, 2, 1])])
+  assert tpu_lib.hierarchical_tiling_spec() == [("batch", None), ("model", [2, 2, 1])]
+  gin.clear_config()
+
+
 def test_mesh_of_the_wrong_size_for_the_tpu_is_refused():
   with pytest.raises(ValueError, match=r"16 processors but the TPU has 8 cores.*tpu_topology.*'v3-8'"):
     tpu_lib.assign_devices(_v3_topology(2, 2), "batch:16")
@@ -98,6 +109,39 @@ def test_mesh_of_the_wrong_size_for_the_tpu_is_refused():
 def test_loop_lengths_end_where_the_cpu_loop_reports_or_saves(start, total, per_loop, save, expected):
   lengths = tpu_lib.loop_lengths(start, total, per_loop, save)
   assert lengths == expected and start + sum(lengths) == max(start, total)
+
+
+def _queue_loop(capacity: int, fail: bool = False) -> tpu_lib.TrainingGraph:
+  """A TrainingGraph whose 'TPU loop' sums num_steps items dequeued from a FIFO queue standing in
+  for the infeed, and whose enqueue op puts 1, 2, 3, ... into it."""
+  queue = tf.queue.FIFOQueue(capacity, [tf.int32], shapes=[[]])
+  counter = tf.Variable(0, use_resource=True)
+  num_steps = tf.placeholder(tf.int32, [])
+  total = tf.while_loop(lambda i, acc: i < num_steps, lambda i, acc: (i + 1, acc + queue.dequeue()),
+                        [0, 0])[1]
+  if fail:
+    total = tf.debugging.assert_less(total, 0, message="the TPU loop failed")
+  return tpu_lib.TrainingGraph(loop_outputs=[total], num_steps=num_steps,
+                               enqueue_op=queue.enqueue(counter.assign_add(1)), lowering=None,
+                               new_global_step=None, set_global_step=None)
+
+
+def test_a_loop_consumes_the_batches_enqueued_alongside_it():
+  with tf.Graph().as_default():
+    graph = _queue_loop(capacity=2)  # fewer slots than steps: enqueue and loop must overlap
+    with tf.Session() as session:
+      session.run(tf.global_variables_initializer())
+      assert tpu_lib._run_loop(session, graph, 5) == [15]
+      assert tpu_lib._run_loop(session, graph, 2) == [6 + 7]
+
+
+def test_a_failing_loop_raises_in_the_calling_thread():
+  with tf.Graph().as_default():
+    graph = _queue_loop(capacity=10, fail=True)
+    with tf.Session() as session:
+      session.run(tf.global_variables_initializer())
+      with pytest.raises(tf.errors.InvalidArgumentError, match="the TPU loop failed"):
+        tpu_lib._run_loop(session, graph, 3)
 
 
 # ---- (b) the replica step on emulated TPU replicas equals the CPU placement path ----
