@@ -18,8 +18,9 @@ setup(
     extras_require={
         "cpu": ["tensorflow-cpu>=2.16"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
-        "test": ["pytest", "pytest-xdist", "hypothesis", "mock", "scipy", "ruff", "pdoc>=14"],
-        # The API reference (scripts/build_api_docs.sh); the tests build it too, hence pdoc in "test".
+        # The tests also build the API reference (pdoc) and draw the explainer's and example's pictures.
+        "test": ["pytest", "pytest-xdist", "hypothesis", "mock", "scipy", "ruff", "pdoc>=14", "matplotlib"],
+        # The API reference (scripts/build_api_docs.sh).
         "docs": ["pdoc>=14"],
         # The Transformer example's loss-curve picture (it runs without, saying so).
         "examples": ["matplotlib"],
