@@ -111,19 +111,26 @@ def test_loop_lengths_end_where_the_cpu_loop_reports_or_saves(start, total, per_
   assert lengths == expected and start + sum(lengths) == max(start, total)
 
 
-def _queue_loop(capacity: int, fail: bool = False) -> tpu_lib.TrainingGraph:
+def _queue_loop(capacity: int, failing: str = "") -> tpu_lib.TrainingGraph:
   """A TrainingGraph whose 'TPU loop' sums num_steps items dequeued from a FIFO queue standing in
-  for the infeed, and whose enqueue op puts 1, 2, 3, ... into it."""
+  for the infeed, and whose enqueue op puts 1, 2, 3, ... into it; `failing` ("loop" or "infeed")
+  makes that side fail at its first step."""
   queue = tf.queue.FIFOQueue(capacity, [tf.int32], shapes=[[]])
   counter = tf.Variable(0, use_resource=True)
   num_steps = tf.placeholder(tf.int32, [])
-  total = tf.while_loop(lambda i, acc: i < num_steps, lambda i, acc: (i + 1, acc + queue.dequeue()),
-                        [0, 0])[1]
-  if fail:
-    total = tf.debugging.assert_less(total, 0, message="the TPU loop failed")
-  return tpu_lib.TrainingGraph(loop_outputs=[total], num_steps=num_steps,
-                               enqueue_op=queue.enqueue(counter.assign_add(1)), lowering=None,
-                               new_global_step=None, set_global_step=None)
+
+  def body(i, total):
+    if failing == "loop":
+      with tf.control_dependencies([tf.debugging.assert_less(i, 0, message="the TPU loop failed")]):
+        i = tf.identity(i)
+    return i + 1, total + queue.dequeue()
+  total = tf.while_loop(lambda i, total: i < num_steps, body, [0, 0])[1]
+  value = counter.assign_add(1)
+  if failing == "infeed":
+    with tf.control_dependencies([tf.debugging.assert_less(value, 0, message="the input pipeline failed")]):
+      value = tf.identity(value)
+  return tpu_lib.TrainingGraph(loop_outputs=[total], num_steps=num_steps, enqueue_op=queue.enqueue(value),
+                               lowering=None, new_global_step=None, set_global_step=None)
 
 
 def test_a_loop_consumes_the_batches_enqueued_alongside_it():
@@ -135,12 +142,14 @@ def test_a_loop_consumes_the_batches_enqueued_alongside_it():
       assert tpu_lib._run_loop(session, graph, 2) == [6 + 7]
 
 
-def test_a_failing_loop_raises_in_the_calling_thread():
+@pytest.mark.parametrize("failing, message", [("loop", "the TPU loop failed"),
+                                              ("infeed", "the input pipeline failed")])
+def test_a_failure_on_either_side_is_raised_while_the_other_side_waits(failing, message):
   with tf.Graph().as_default():
-    graph = _queue_loop(capacity=10, fail=True)
+    graph = _queue_loop(capacity=1, failing=failing)  # the other side blocks on the queue
     with tf.Session() as session:
       session.run(tf.global_variables_initializer())
-      with pytest.raises(tf.errors.InvalidArgumentError, match="the TPU loop failed"):
+      with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         tpu_lib._run_loop(session, graph, 3)
 
 

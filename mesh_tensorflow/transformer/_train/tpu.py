@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import queue as queue_lib
 import threading
 import time
 from typing import Callable, Optional, Sequence
@@ -287,25 +288,35 @@ def loop_lengths(start_step: int, train_steps: int, iterations_per_loop: int,
 
 
 def _run_loop(session, graph: TrainingGraph, num_steps: int) -> list:
-  """Runs one on-device loop of num_steps while this thread enqueues its num_steps batches."""
-  result, failure = {}, []
+  """Runs one on-device loop of num_steps while another thread enqueues its num_steps batches.
 
-  def run_tpu():
+  Whichever of the two fails first, its error is raised here at once; the other, blocked on the
+  infeed, is a daemon thread cancelled when the session closes.
+  """
+  finished = queue_lib.Queue()
+
+  def call(name, fn):
     try:
-      result["values"] = session.run(graph.loop_outputs, feed_dict={graph.num_steps: num_steps})
+      finished.put((name, fn(), None))
     except Exception as e:  # pylint: disable=broad-except  (re-raised in the calling thread)
-      failure.append(e)
+      finished.put((name, None, e))
 
-  thread = threading.Thread(target=run_tpu, name="tpu_loop")
-  thread.start()
-  for _ in range(num_steps):
-    if failure:
-      break
-    session.run(graph.enqueue_op)
-  thread.join()
-  if failure:
-    raise failure[0]
-  return result["values"]
+  def enqueue_all():
+    for _ in range(num_steps):
+      session.run(graph.enqueue_op)
+
+  def run_loop():
+    return session.run(graph.loop_outputs, feed_dict={graph.num_steps: num_steps})
+
+  for name, fn in (("infeed", enqueue_all), ("loop", run_loop)):
+    threading.Thread(target=call, args=(name, fn), name="tpu_" + name, daemon=True).start()
+  results = {}
+  for _ in range(2):
+    name, value, error = finished.get()
+    if error is not None:
+      raise error
+    results[name] = value
+  return results["loop"]
 
 
 def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: loop.TrainConfig, variable_dtype,
