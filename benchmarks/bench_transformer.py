@@ -8,7 +8,8 @@ plain TF on one device. Memory: the bytes of TF variables per device in the lowe
 what the layout needs (each processor's slices of every variable, optimizer state included).
 
     python benchmarks/bench_transformer.py [--reps 5] [--steps 10] [--backend placement|collective]
-                                           [--dtype float32|bfloat16] [--sweep] [--sweep_devices 1,2,...]
+                                           [--dtype float32|bfloat16] [--no_graph_optimizer]
+                                           [--sweep] [--sweep_devices 1,2,...]
 """
 
 from __future__ import annotations
@@ -75,8 +76,11 @@ class Case:
     return statistics.median(self.step_times)
 
 
-def _session(graph, num_cpus: int) -> tf.Session:
-  return tf.Session(graph=graph, config=tf.ConfigProto(device_count={"CPU": num_cpus}))
+def _session(graph, num_cpus: int, graph_optimizer: bool) -> tf.Session:
+  """A session on num_cpus virtual CPUs; graph_optimizer False skips TF's graph optimisation passes."""
+  config = tf.ConfigProto(device_count={"CPU": num_cpus})
+  config.graph_options.rewrite_options.disable_meta_optimizer = not graph_optimizer
+  return tf.Session(graph=graph, config=config)
 
 
 def _placeholders(cfg):
@@ -99,7 +103,7 @@ def _feed(cfg, inputs_ph, targets_ph) -> dict:
   return {inputs_ph: inputs, targets_ph: targets}
 
 
-def build_plain_tf(cfg, num_cpus: int, dtype=tf.float32) -> Case:
+def build_plain_tf(cfg, num_cpus: int, dtype=tf.float32, graph_optimizer: bool = True) -> Case:
   graph = tf.Graph()
   start = time.perf_counter()
   with graph.as_default(), tf.device("/cpu:0"):
@@ -107,8 +111,9 @@ def build_plain_tf(cfg, num_cpus: int, dtype=tf.float32) -> Case:
     loss, train = model.plain_tf_train_step(cfg, inputs_ph, targets_ph, model.initial_values(cfg), dtype)
     init = tf.global_variables_initializer()
   build_s = time.perf_counter() - start
-  case = Case(f"plain TF, one device ({dtype.name})", _session(graph, num_cpus), [loss, train],
-              _feed(cfg, inputs_ph, targets_ph), build_s=build_s, num_ops=len(graph.get_operations()))
+  case = Case(f"plain TF, one device ({dtype.name})", _session(graph, num_cpus, graph_optimizer),
+              [loss, train], _feed(cfg, inputs_ph, targets_ph), build_s=build_s,
+              num_ops=len(graph.get_operations()))
   case.max_device_bytes = case.needed_bytes = case.total_bytes = sum(
       v.size * 4 for v in model.initial_values(cfg).values())
   return _start(case, [init])
@@ -145,7 +150,7 @@ def needed_bytes_per_processor(mtf_graph, mesh_impl) -> int:
 
 
 def build_mtf(cfg, name: str, mesh_shape: str, layout: str, backend: str, num_cpus: int,
-              slice_dtype=tf.float32, activation_dtype=tf.float32) -> Case:
+              slice_dtype=tf.float32, activation_dtype=tf.float32, graph_optimizer: bool = True) -> Case:
   graph = tf.Graph()
   with graph.as_default():
     inputs_ph, targets_ph = _placeholders(cfg)
@@ -162,7 +167,7 @@ def build_mtf(cfg, name: str, mesh_shape: str, layout: str, backend: str, num_cp
     build_s = time.perf_counter() - start
     init = [tf.global_variables_initializer(), lowering.copy_masters_to_slices()]
   per_device = variable_bytes_per_device(graph)
-  case = Case(name, _session(graph, num_cpus), fetches, _feed(cfg, inputs_ph, targets_ph),
+  case = Case(name, _session(graph, num_cpus, graph_optimizer), fetches, _feed(cfg, inputs_ph, targets_ph),
               build_s=build_s, num_ops=len(graph.get_operations()),
               max_device_bytes=max(per_device.values()),
               needed_bytes=needed_bytes_per_processor(mtf_graph, impl),
@@ -202,6 +207,8 @@ def main(argv: Optional[list] = None) -> None:
   parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                       help="slice and activation dtype of the mtf cases (masters stay float32)")
   parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated names of LAYOUTS")
+  parser.add_argument("--no_graph_optimizer", action="store_true",
+                      help="skip TF's graph optimisation passes (grappler) at session start")
   parser.add_argument("--sweep", action="store_true", help="data-parallel device-count sweep instead")
   parser.add_argument("--sweep_devices", default="1,2,4,8,16,32,64")
   args = parser.parse_args(argv)
@@ -209,24 +216,25 @@ def main(argv: Optional[list] = None) -> None:
   tf.logging.set_verbosity(tf.logging.ERROR)
   cfg = model.Config()
   dtype = tf.as_dtype(args.dtype)
+  opt = not args.no_graph_optimizer
   print(f"load average before: {os.getloadavg()}; CPUs: {os.cpu_count()}; backend: {args.backend}; "
-        f"dtype: {args.dtype}")
+        f"dtype: {args.dtype}; graph optimizer: {opt}")
   if args.sweep:
     counts = [int(n) for n in args.sweep_devices.split(",")]
     num_cpus = max(counts)
-    cases = [build_plain_tf(cfg, num_cpus)]
+    cases = [build_plain_tf(cfg, num_cpus, graph_optimizer=opt)]
     for n in counts:
       shape, layout = sweep_layout(n)
       cases.append(build_mtf(cfg, f"{n} devices ({shape}; {layout})", shape, layout, args.backend,
-                             num_cpus, dtype, dtype))
+                             num_cpus, dtype, dtype, opt))
   else:
     num_cpus = 8
-    cases = [build_plain_tf(cfg, num_cpus)]
+    cases = [build_plain_tf(cfg, num_cpus, graph_optimizer=opt)]
     if dtype != tf.float32:
-      cases.append(build_plain_tf(cfg, num_cpus, dtype))
+      cases.append(build_plain_tf(cfg, num_cpus, dtype, opt))
     for name in args.layouts.split(","):
       shape, layout = LAYOUTS[name]
-      cases.append(build_mtf(cfg, name, shape, layout, args.backend, num_cpus, dtype, dtype))
+      cases.append(build_mtf(cfg, name, shape, layout, args.backend, num_cpus, dtype, dtype, opt))
   run_interleaved(cases, args.reps, args.steps, args.warmup)
   print_step_table(cases, cases[0])
   print(f"\nload average after: {os.getloadavg()}")
