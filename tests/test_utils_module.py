@@ -111,12 +111,14 @@ def test_create_host_call_writes_mean_scalars_at_the_global_step_in_graph_mode(t
 def test_create_host_call_writes_scalars_in_eager_mode(tmp_path):
   model_dir = str(tmp_path)
   tf.get_default_graph().get_collection_ref(SUMMARIES)[:] = [("acc", tf.constant(0.25))]
+  # Eager mode has one global step per process; earlier tests in this process may have moved it.
+  tf.train.get_or_create_global_step().assign(3)
   try:
     host_call_fn, args = mtf_utils.create_host_call(model_dir)
     host_call_fn(*args)
   finally:
     mtf_utils.remove_summaries()
-  assert _read_scalars(model_dir) == {(0, "acc"): 0.25}
+  assert _read_scalars(model_dir) == {(3, "acc"): 0.25}
 
 
 def test_create_host_call_rejects_non_scalar_summaries():
