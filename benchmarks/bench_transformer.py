@@ -9,7 +9,7 @@ what the layout needs (each processor's slices of every variable, optimizer stat
 
     python benchmarks/bench_transformer.py [--reps 5] [--steps 10] [--backend placement|collective]
                                            [--dtype float32|bfloat16] [--no_graph_optimizer]
-                                           [--sweep] [--sweep_devices 1,2,...]
+                                           [--master_as_slice] [--sweep] [--sweep_devices 1,2,...]
 """
 
 from __future__ import annotations
@@ -119,9 +119,9 @@ def build_plain_tf(cfg, num_cpus: int, dtype=tf.float32, graph_optimizer: bool =
   return _start(case, [init])
 
 
-def _mesh_impl(backend: str, mesh_shape: str, layout: str, devices: list):
+def _mesh_impl(backend: str, mesh_shape: str, layout: str, devices: list, master_as_slice: bool):
   if backend == "placement":
-    return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices)
+    return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices, master_as_slice)
   from mesh_tensorflow.collective_mesh_impl import CollectiveMeshImpl
   return CollectiveMeshImpl(mesh_shape, layout, devices)
 
@@ -150,7 +150,8 @@ def needed_bytes_per_processor(mtf_graph, mesh_impl) -> int:
 
 
 def build_mtf(cfg, name: str, mesh_shape: str, layout: str, backend: str, num_cpus: int,
-              slice_dtype=tf.float32, activation_dtype=tf.float32, graph_optimizer: bool = True) -> Case:
+              slice_dtype=tf.float32, activation_dtype=tf.float32, graph_optimizer: bool = True,
+              master_as_slice: bool = False) -> Case:
   graph = tf.Graph()
   with graph.as_default():
     inputs_ph, targets_ph = _placeholders(cfg)
@@ -159,7 +160,8 @@ def build_mtf(cfg, name: str, mesh_shape: str, layout: str, backend: str, num_cp
     loss, updates = model.mtf_train_step(cfg, mesh, inputs_ph, targets_ph, model.initial_values(cfg),
                                          slice_dtype, activation_dtype)
     num_processors = mtf.convert_to_shape(mesh_shape).size
-    impl = _mesh_impl(backend, mesh_shape, layout, [f"/cpu:{i}" for i in range(num_processors)])
+    impl = _mesh_impl(backend, mesh_shape, layout, [f"/cpu:{i}" for i in range(num_processors)],
+                      master_as_slice)
     start = time.perf_counter()
     lowering = mtf.Lowering(mtf_graph, {mesh: impl})
     fetches = [lowering.export_to_tf_tensor(loss),
@@ -209,6 +211,8 @@ def main(argv: Optional[list] = None) -> None:
   parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated names of LAYOUTS")
   parser.add_argument("--no_graph_optimizer", action="store_true",
                       help="skip TF's graph optimisation passes (grappler) at session start")
+  parser.add_argument("--master_as_slice", action="store_true",
+                      help="placement backend: masters of unsplit variables serve as a processor's slice")
   parser.add_argument("--sweep", action="store_true", help="data-parallel device-count sweep instead")
   parser.add_argument("--sweep_devices", default="1,2,4,8,16,32,64")
   args = parser.parse_args(argv)
@@ -226,7 +230,7 @@ def main(argv: Optional[list] = None) -> None:
     for n in counts:
       shape, layout = sweep_layout(n)
       cases.append(build_mtf(cfg, f"{n} devices ({shape}; {layout})", shape, layout, args.backend,
-                             num_cpus, dtype, dtype, opt))
+                             num_cpus, dtype, dtype, opt, args.master_as_slice))
   else:
     num_cpus = 8
     cases = [build_plain_tf(cfg, num_cpus, graph_optimizer=opt)]
@@ -234,7 +238,8 @@ def main(argv: Optional[list] = None) -> None:
       cases.append(build_plain_tf(cfg, num_cpus, dtype, opt))
     for name in args.layouts.split(","):
       shape, layout = LAYOUTS[name]
-      cases.append(build_mtf(cfg, name, shape, layout, args.backend, num_cpus, dtype, dtype, opt))
+      cases.append(build_mtf(cfg, name, shape, layout, args.backend, num_cpus, dtype, dtype, opt,
+                             args.master_as_slice))
   run_interleaved(cases, args.reps, args.steps, args.warmup)
   print_step_table(cases, cases[0])
   print(f"\nload average after: {os.getloadavg()}")

@@ -38,6 +38,10 @@ class PlacementMeshImpl(MeshImpl):
     layout: layout rules, an mtf.LayoutRules or a string such as "batch:rows;d_ff:cols".
     devices: one TF device string per processor: "" (no placement), "cpu:N", "gpu:N", or
       "/job:worker/task:K/device:GPU:N" in a TF cluster.
+    master_as_slice: for a variable the layout leaves whole, the processor on the master's device
+      uses the master itself as its slice, so that device holds one copy instead of two. Then
+      the master must be changed only through copy_masters_to_slices (assigning it directly
+      would change that processor's slice and not the others').
 
   Raises:
     ValueError: the number of devices differs from the number of processors.
@@ -47,7 +51,7 @@ class PlacementMeshImpl(MeshImpl):
     lowering = mtf.Lowering(graph, {mesh: mesh_impl})
   """
 
-  def __init__(self, shape, layout, devices):
+  def __init__(self, shape, layout, devices, master_as_slice: bool = False):
     super().__init__(shape, layout)
     devices = list(devices)
     if len(devices) != self.size:
@@ -56,6 +60,7 @@ class PlacementMeshImpl(MeshImpl):
           f"devices were given ({devices}); pass exactly one device string per processor.")
     self._devices = devices
     self._cpus_of_one_process = cpus_of_one_process(devices)
+    self.master_as_slice = master_as_slice
 
   class LaidOutTensor(laid_out.LaidOutTensor):
     """One tf.Tensor per processor, in pnum order."""
@@ -63,9 +68,9 @@ class PlacementMeshImpl(MeshImpl):
   class LaidOutVariable:
     """A master variable plus one slice variable per processor (slices are not checkpointed).
 
-    A variable the layout does not split is held whole by every processor; the processor on the
-    master's device then uses the master itself as its slice (when their dtypes agree and the
-    master is a resource variable), so no device holds a second copy of it.
+    With master_as_slice, a variable the layout does not split, held whole by every processor,
+    has the master itself as the slice of the processor on the master's device (when their
+    dtypes agree and the master is a resource variable), so no device holds a second copy of it.
 
     The graph reads each slice once (a snapshot) and every assignment waits for those reads, so a
     step that both reads and updates a variable sees its old value everywhere. In eager mode the
@@ -246,18 +251,24 @@ def _processor_holding_master(variable, mesh_impl, whole: bool):
   later assignments cannot change.
   """
   master = variable.get_master()
-  if (not whole or variable.master_dtype != variable.slice_dtype or getattr(variable, "is_stacked", False)
-      or (mesh_impl.size > 1 and not isinstance(master, resource_variable_ops.BaseResourceVariable))):
-    return None
   master_device = getattr(variable, "master_device", None) or ""
+  if not whole or variable.master_dtype != variable.slice_dtype or getattr(variable, "is_stacked", False):
+    return None
+  if not getattr(mesh_impl, "master_as_slice", False):  # one processor on the master's own device only
+    return 0 if mesh_impl.size == 1 and mesh_impl.devices[0] in ("", master_device) else None
+  if mesh_impl.size > 1 and not isinstance(master, resource_variable_ops.BaseResourceVariable):
+    return None
   for pnum, device in enumerate(mesh_impl.devices):
     if device == "" or (master_device and _canonical(device) == _canonical(master_device)):
       return pnum
   return None
 
 
-def _canonical(device: str) -> str:
-  return tf.DeviceSpec.from_string(device).to_string()
+def _canonical(device: str) -> tuple:
+  """(job, replica, task, type, index); eager's "/job:localhost/replica:0/task:0" means unqualified."""
+  spec = tf.DeviceSpec.from_string(device)
+  where = (None, None, None) if spec.job == "localhost" else (spec.job, spec.replica, spec.task)
+  return where + (spec.device_type, spec.device_index)
 
 
 def cpus_of_one_process(devices) -> bool:

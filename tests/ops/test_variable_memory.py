@@ -1,4 +1,4 @@
-"""Variable memory: no device holds a second copy of a variable the layout leaves whole."""
+"""Variable memory: with master_as_slice, no device holds a second copy of an unsplit variable."""
 
 import numpy as np
 import pytest
@@ -10,7 +10,7 @@ from tests.harness import cpu_devices, session_config
 INIT = np.arange(32, dtype=np.float32).reshape(4, 8)
 
 
-def _lowered(mesh_shape, layout, **var_kwargs):
+def _lowered(mesh_shape, layout, master_as_slice=True, **var_kwargs):
   """(lowering, variable, update, total, tf graph): w = INIT, total = sum(2 w), update w += 1."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "m")
@@ -18,7 +18,7 @@ def _lowered(mesh_shape, layout, **var_kwargs):
   total = mtf.reduce_sum(w * 2.0)
   update = mtf.assign(w, w + 1.0)
   impl = mtf.placement_mesh_impl.PlacementMeshImpl(
-      mesh_shape, layout, cpu_devices(mtf.convert_to_shape(mesh_shape).size))
+      mesh_shape, layout, cpu_devices(mtf.convert_to_shape(mesh_shape).size), master_as_slice)
   lowering = mtf.Lowering(graph, {mesh: impl})
   return lowering, w.operation, lowering.lowered_operation(update), lowering.export_to_tf_tensor(total)
 
@@ -56,9 +56,10 @@ def test_a_step_reads_old_values_and_masters_receive_updates(mesh_shape, layout)
       np.testing.assert_array_equal(sess.run(var.get_master()), INIT + 3)
 
 
-def test_split_variable_keeps_a_master_and_a_slice_per_processor():
+@pytest.mark.parametrize("layout,master_as_slice", [("c:all", True), ("", False)])
+def test_split_variable_or_default_keeps_a_master_and_a_slice_per_processor(layout, master_as_slice):
   with tf.Graph().as_default() as g:
-    _lowered("all:4", "c:all")
+    _lowered("all:4", layout, master_as_slice)
     assert _variables_by_device(g)["/device:CPU:0"] == ["w", "w_slice_0"]
 
 
@@ -75,3 +76,17 @@ def test_masters_are_resource_variables_even_without_v2_behaviour():
     mesh = mtf.Mesh(mtf.Graph(), "m")
     w = mtf.get_variable(mesh, "w", "r:4", initializer=tf.zeros_initializer())
     assert w.operation.get_master().op.type == "VarHandleOp"
+
+
+def test_eager_updates_reach_every_processor_and_the_master_when_it_is_a_slice():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  w = mtf.get_variable(mesh, "w", "r:4;c:8", initializer=tf.constant_initializer(INIT))
+  mtf.assign_add(w, mtf.ones(mesh, w.shape))
+  after = mtf.read_variable(w.operation)
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:4", "", cpu_devices(4), master_as_slice=True)
+  lowering = mtf.Lowering(graph, {mesh: impl})
+  for value in lowering.tensors[after].to_laid_out_tensor().tensor_list:
+    np.testing.assert_array_equal(value.numpy(), INIT + 1)
+  lowering.copy_slices_to_masters()
+  np.testing.assert_array_equal(w.operation.get_master().numpy(), INIT + 1)
