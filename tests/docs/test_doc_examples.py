@@ -147,6 +147,8 @@ def command_id(x) -> str:
 @pytest.mark.parametrize("block,argv", commands(all_blocks()), ids=command_id)
 def test_command_runs(block, argv, tmp_path):
   why_not_run = next((why for words, why in NOT_RUN.items() if tuple(argv[:len(words)]) == words), None)
+  if any(arg.startswith("--tpu=") for arg in argv):
+    why_not_run = "needs a Cloud TPU (tests/transformer/test_tpu_path.py covers what runs without one)"
   if why_not_run is not None:
     scripts = [ROOT / word for word in argv if word.endswith((".sh", ".py"))]
     for script in scripts:
