@@ -49,9 +49,10 @@ BACKENDS = {
         shape, layout, devices),
     "collective": lambda shape, layout, devices: mtf.collective_mesh_impl.CollectiveMeshImpl(
         shape, layout, devices),
-    # TF collective ops between this process's devices too, as between processes (graph mode only).
+    # TF collective ops between this process's devices too, as between processes (graph mode only);
+    # a bounded wait, so a collective that never completes fails the test instead of hanging it.
     "collective_tf_ops": lambda shape, layout, devices: mtf.collective_mesh_impl.CollectiveMeshImpl(
-        shape, layout, devices, in_process_fast_path=False),
+        shape, layout, devices, in_process_fast_path=False, timeout_seconds=120),
     # One traced function per mtf op, called on each device (graph mode).
     "collective_traced": lambda shape, layout, devices: mtf.collective_mesh_impl.CollectiveMeshImpl(
         shape, layout, devices, trace_per_device=True),

@@ -77,7 +77,8 @@ RUNNERS = {"placement_graph": _placement_runner("graph"), "placement_eager": _pl
            "collective_graph": _placement_runner("graph", _collective()),
            "collective_eager": _placement_runner("eager", _collective()),
            # TF collective ops between the devices of this process, as between processes.
-           "collective_tf_ops": _placement_runner("graph", _collective(in_process_fast_path=False))}
+           "collective_tf_ops": _placement_runner("graph", _collective(in_process_fast_path=False,
+                                                                       timeout_seconds=120))}
 
 
 @pytest.fixture(params=sorted(RUNNERS))
