@@ -65,7 +65,7 @@ class PlacementMeshImpl(MeshImpl):
   class LaidOutTensor(laid_out.LaidOutTensor):
     """One tf.Tensor per processor, in pnum order."""
 
-  class LaidOutVariable:
+  class LaidOutVariable(laid_out.LaidOutVariable):
     """A master variable plus one slice variable per processor (slices are not checkpointed).
 
     With master_as_slice, a variable the layout does not split, held whole by every processor,
@@ -142,17 +142,15 @@ class PlacementMeshImpl(MeshImpl):
                                  [self._variable] * len(self._slices), self._slices, list(values)))
 
     @property
-    def laid_out_tensor(self):
-      return self._laid_out_tensor
-
-    @property
     def copy_master_to_slices(self):
+      """The copy op built at lowering; in eager mode, the copy itself, run now."""
       if tf.executing_eagerly():
         return self._copy_master_to_slices_fn()
       return self._copy_master_to_slices
 
     @property
     def copy_slices_to_master(self):
+      """The copy op built at lowering; in eager mode, the copy itself, run now."""
       if tf.executing_eagerly():
         return self._copy_slices_to_master_fn()
       return self._copy_slices_to_master

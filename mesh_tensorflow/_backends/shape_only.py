@@ -26,7 +26,7 @@ class ShapeOnlyMeshImpl(MeshImpl):
   class LaidOutTensor(laid_out.LaidOutTensor):
     """One placeholder standing for every processor's slice."""
 
-  class LaidOutVariable:
+  class LaidOutVariable(laid_out.LaidOutVariable):
     """A variable's slice as a placeholder; assignments and copies are no-ops."""
 
     def __init__(self, variable, mesh_impl):
@@ -39,21 +39,6 @@ class ShapeOnlyMeshImpl(MeshImpl):
     def assign_to_slices(self, assign_fn, values):
       del assign_fn, values
       return tf.no_op()
-
-    def read(self):
-      return self._laid_out_tensor
-
-    @property
-    def laid_out_tensor(self):
-      return self._laid_out_tensor
-
-    @property
-    def copy_master_to_slices(self):
-      return self._copy_master_to_slices
-
-    @property
-    def copy_slices_to_master(self):
-      return self._copy_slices_to_master
 
   @property
   def devices(self) -> list:

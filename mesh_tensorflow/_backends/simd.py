@@ -105,7 +105,7 @@ class SimdMeshImpl(MeshImpl):
     def one_slice(self):
       return self.tensor_list[0]
 
-  class LaidOutVariable:
+  class LaidOutVariable(laid_out.LaidOutVariable):
     """One slice variable per replica (collection "TPU_VAR"), seen as one ReplicatedVariable.
 
     The master variable (checkpointed) lives on the host; copy ops move values both ways.
@@ -178,22 +178,6 @@ class SimdMeshImpl(MeshImpl):
       """
       values = getattr(values, "tensor_list", values)
       return tf.group([assign_fn(self._variable, self._laid_out_tensor.one_slice, values[0])])
-
-    def read(self):
-      """Fresh reads for ReadVariable: the replicated handle is read again wherever it is used."""
-      return self._laid_out_tensor
-
-    @property
-    def laid_out_tensor(self):
-      return self._laid_out_tensor
-
-    @property
-    def copy_master_to_slices(self):
-      return self._copy_master_to_slices
-
-    @property
-    def copy_slices_to_master(self):
-      return self._copy_slices_to_master
 
   def laid_out_pnum(self):
     return self.LaidOutTensor([self.pnum_tensor])

@@ -36,6 +36,30 @@ class LaidOutTensor:
     return cls(tensor_list)
 
 
+class LaidOutVariable:
+  """What backends' laid-out variables share: their slices, and the copy ops built at lowering.
+
+  A subclass sets `_laid_out_tensor`, `_copy_master_to_slices` and `_copy_slices_to_master`, and
+  defines `assign_to_slices`.
+  """
+
+  def read(self) -> LaidOutTensor:
+    """The slices as they are now (a fresh read for ReadVariable)."""
+    return self._laid_out_tensor
+
+  @property
+  def laid_out_tensor(self) -> LaidOutTensor:
+    return self._laid_out_tensor
+
+  @property
+  def copy_master_to_slices(self):
+    return self._copy_master_to_slices
+
+  @property
+  def copy_slices_to_master(self):
+    return self._copy_slices_to_master
+
+
 def dtype_of(laid_out):
   """The dtype of a laid-out value's slices (a backend LaidOutTensor or any object with tensor_list)."""
   dtype = getattr(laid_out, "dtype", None)
