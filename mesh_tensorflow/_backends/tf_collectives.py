@@ -103,14 +103,21 @@ def allreduce(xs: list, devices: list, reduction_fn_string: str,
         total = reduction_fn(reduction_fn_string)(tf.stack(xs), 0)
     return _copies(total, devices)
   settings = settings or CollectiveSettings()
+  return _on_each_member(
+      xs, devices, lambda x: _collective(tf.raw_ops.CollectiveReduceV2, x, n, devices, key, settings,
+                                         _REDUCE_DTYPES, merge_op=_MERGE_OPS[reduction_fn_string],
+                                         final_op="Id"))
+
+
+def _on_each_member(xs: list, devices: list, collective_fn) -> list:
+  """collective_fn(x) on each member's device (a None member stays None), tied by _tie."""
   ret = []
   for x, device in zip(xs, devices):
     if x is None:
       ret.append(None)
       continue
     with tf.device(device):
-      ret.append(_collective(tf.raw_ops.CollectiveReduceV2, x, n, devices, key, settings, _REDUCE_DTYPES,
-                             merge_op=_MERGE_OPS[reduction_fn_string], final_op="Id"))
+      ret.append(collective_fn(x))
   return _tie(ret, devices)
 
 
@@ -153,16 +160,12 @@ def _gather(xs: list, devices: list, key: int, settings: Optional[CollectiveSett
         ret.append(tf.stack([tf.identity(x) for x in xs]))
     return ret
   settings = settings or CollectiveSettings()
-  ret = []
-  for x, device in zip(xs, devices):
-    if x is None:
-      ret.append(None)
-      continue
-    with tf.device(device):
-      gathered = _collective(tf.raw_ops.CollectiveGatherV2, tf.expand_dims(x, 0), n, devices, key,
-                             settings, _GATHER_DTYPES)
-      ret.append(tf.ensure_shape(gathered, [n] + x.shape.as_list()))
-  return _tie(ret, devices)
+
+  def gather(x):
+    gathered = _collective(tf.raw_ops.CollectiveGatherV2, tf.expand_dims(x, 0), n, devices, key,
+                           settings, _GATHER_DTYPES)
+    return tf.ensure_shape(gathered, [n] + x.shape.as_list())
+  return _on_each_member(xs, devices, gather)
 
 
 def allconcat(xs: list, devices: list, concat_axis: int,
