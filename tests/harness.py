@@ -43,6 +43,16 @@ def session_config() -> tf.ConfigProto:
   return tf.ConfigProto(device_count={"CPU": NUM_DEVICES})
 
 
+def run_tf(mode: str, fn: Callable) -> list:
+  """Runs fn() -> list of tf tensors eagerly or in a fresh graph and session; returns numpy arrays."""
+  if mode == "eager":
+    return [t.numpy() for t in fn()]
+  with tf.Graph().as_default():
+    outputs = fn()
+    with tf.Session(config=session_config()) as sess:
+      return sess.run(outputs)
+
+
 # Backends that run in one process on the virtual devices: name -> (shape, layout, devices) -> MeshImpl.
 BACKENDS = {
     "placement": lambda shape, layout, devices: mtf.placement_mesh_impl.PlacementMeshImpl(

@@ -5,22 +5,12 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
-from tests.harness import MODES, cpu_devices, session_config
+from tests.harness import MODES, cpu_devices, run_tf
 
 MESHES_AND_AXES = [
     ([8], [0]), ([2, 4], [0]), ([2, 4], [1]), ([2, 4], [0, 1]),
     ([2, 2, 2], [1]), ([2, 2, 2], [0, 2]), ([2, 2, 2], [0, 1, 2]), ([1, 2, 4], [2]),
 ]
-
-
-def _run(mode, fn):
-  """Runs fn() -> list of tf tensors in the given mode and returns numpy arrays."""
-  if mode == "eager":
-    return [t.numpy() for t in fn()]
-  with tf.Graph().as_default():
-    outputs = fn()
-    with tf.Session(config=session_config()) as sess:
-      return sess.run(outputs)
 
 
 def _impl(sizes):
@@ -53,7 +43,7 @@ def test_allreduce_reduces_within_each_group(mode, sizes, axes, reduction):
   xs = _inputs(impl.size)
   # A large shard (>= 1024 elements) exercises the chunked ring as well.
   big = _inputs(impl.size, shape=(32, 64), seed=1)
-  got = _run(mode, lambda: impl.allreduce(_laid_out(impl, xs), axes, reduction).tensor_list
+  got = run_tf(mode, lambda: impl.allreduce(_laid_out(impl, xs), axes, reduction).tensor_list
              + impl.allreduce(_laid_out(impl, big), axes, reduction).tensor_list)
   np_fn = {"SUM": np.sum, "MAX": np.max, "MIN": np.min}[reduction]
   for pnum in range(impl.size):
@@ -68,7 +58,7 @@ def test_allreduce_reduces_within_each_group(mode, sizes, axes, reduction):
 def test_allconcat_concatenates_in_group_order(mode, sizes, axes, concat_axis):
   impl = _impl(sizes)
   xs = _inputs(impl.size)
-  got = _run(mode, lambda: impl.allconcat(_laid_out(impl, xs), axes[0], concat_axis).tensor_list)
+  got = run_tf(mode, lambda: impl.allconcat(_laid_out(impl, xs), axes[0], concat_axis).tensor_list)
   for pnum in range(impl.size):
     group = _group_of(sizes, axes, pnum)
     np.testing.assert_array_equal(got[pnum], np.concatenate([xs[q] for q in group], concat_axis))
@@ -80,7 +70,7 @@ def test_allconcat_concatenates_in_group_order(mode, sizes, axes, concat_axis):
 def test_alltoall_sends_jth_piece_to_jth_member(mode, sizes, axes, split_axis, concat_axis):
   impl = _impl(sizes)
   xs = _inputs(impl.size)
-  got = _run(mode, lambda: impl.alltoall(
+  got = run_tf(mode, lambda: impl.alltoall(
       _laid_out(impl, xs), axes[0], split_axis, concat_axis).tensor_list)
   for pnum in range(impl.size):
     group = _group_of(sizes, axes, pnum)
@@ -101,7 +91,7 @@ def test_alltoall_ring_equals_pointwise(mode):
         ts.append(tf.constant(a))
     return (mtf.placement_mesh_impl.alltoall_ring(ts, devices, 1, 0)
             + mtf.placement_mesh_impl.alltoall_pointtwise(ts, devices, 1, 0))
-  got = _run(mode, build)
+  got = run_tf(mode, build)
   for a, b in zip(got[:4], got[4:]):
     np.testing.assert_array_equal(a, b)
 
@@ -112,7 +102,7 @@ def test_alltoall_ring_equals_pointwise(mode):
 def test_shift_by_n_processors_receives_from_offset_neighbour(mode, sizes, axes, offset, wrap):
   impl = _impl(sizes)
   xs = _inputs(impl.size)
-  got = _run(mode, lambda: impl.shift_by_n_processors(
+  got = run_tf(mode, lambda: impl.shift_by_n_processors(
       _laid_out(impl, xs), axes[0], offset, wrap).tensor_list)
   n = sizes[axes[0]]
   for pnum in range(impl.size):
@@ -129,7 +119,7 @@ def test_allsplit_and_pcoord_on_a_3d_mesh(mode):
   sizes = [2, 2, 2]
   impl = _impl(sizes)
   xs = _inputs(impl.size)
-  got = _run(mode, lambda: impl.allsplit(_laid_out(impl, xs), 1, 1).tensor_list
+  got = run_tf(mode, lambda: impl.allsplit(_laid_out(impl, xs), 1, 1).tensor_list
              + [tf.convert_to_tensor(t) for t in impl.laid_out_pcoord(2).tensor_list])
   for pnum in range(impl.size):
     coord = mtf.pnum_to_processor_coordinates(sizes, pnum)
@@ -146,7 +136,7 @@ def test_make_and_combine_slices_round_trip(mode):
   def build():
     slices = impl.make_slices(tf.constant(full), shape)
     return [impl.combine_slices(slices, shape)] + slices
-  got = _run(mode, build)
+  got = run_tf(mode, build)
   np.testing.assert_array_equal(got[0], full)
   for pnum in range(8):
     begin = impl.slice_begin(shape, pnum)

@@ -7,7 +7,7 @@ import tensorflow.compat.v1 as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow._backends import ring_collectives
 from mesh_tensorflow._backends.placement import cpus_of_one_process
-from tests.harness import MODES, cpu_devices, session_config
+from tests.harness import MODES, cpu_devices, run_tf
 
 TWO_TASKS = [f"/job:worker/task:{t}/device:CPU:{c}" for t in range(2) for c in range(4)]
 
@@ -45,15 +45,6 @@ def test_allreduce_across_tasks_keeps_the_chunked_ring():
   assert types.count("AddV2") == 8 * 8  # n chunks, each summed toward both centre devices
 
 
-def _run(mode, fn):
-  if mode == "eager":
-    return [t.numpy() for t in fn()]
-  with tf.Graph().as_default():
-    outputs = fn()
-    with tf.Session(config=session_config()) as sess:
-      return sess.run(outputs)
-
-
 def _constants(devices, arrays):
   ret = []
   for d, a in zip(devices, arrays):
@@ -76,7 +67,7 @@ def test_in_process_and_ring_algorithms_give_the_same_results(mode):
             + ring_collectives.allreduce_ring(ts, devices, "SUM")
             + impl.allconcat(laid_out, 0, 1).tensor_list
             + ring_collectives.allconcat_ring(ts, devices, 1))
-  got = _run(mode, build)
+  got = run_tf(mode, build)
   for k in range(4):
     np.testing.assert_array_equal(got[k], np.sum(xs, axis=0))
     np.testing.assert_array_equal(got[4 + k], got[k])
