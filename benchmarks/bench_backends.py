@@ -31,9 +31,9 @@ BATCH, D, H, BLOCKS = 64, 64, 128, 4
 BACKENDS = {
     "placement": lambda shape, devices: mtf.placement_mesh_impl.PlacementMeshImpl(
         shape, "batch:all", devices),
+    "placement_unfused": lambda shape, devices: mtf.placement_mesh_impl.PlacementMeshImpl(
+        shape, "batch:all", devices, fuse_slicewise=False),
     "collective": lambda shape, devices: CollectiveMeshImpl(shape, "batch:all", devices),
-    "collective_traced": lambda shape, devices: CollectiveMeshImpl(shape, "batch:all", devices,
-                                                                   trace_per_device=True),
 }
 
 

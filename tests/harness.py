@@ -63,9 +63,11 @@ BACKENDS = {
     # a bounded wait, so a collective that never completes fails the test instead of hanging it.
     "collective_tf_ops": lambda shape, layout, devices: mtf.collective_mesh_impl.CollectiveMeshImpl(
         shape, layout, devices, in_process_fast_path=False, timeout_seconds=120),
-    # One traced function per mtf op, called on each device (graph mode).
-    "collective_traced": lambda shape, layout, devices: mtf.collective_mesh_impl.CollectiveMeshImpl(
-        shape, layout, devices, trace_per_device=True),
+    # Every slicewise computation built per device (graph mode fuses them by default).
+    "placement_unfused": lambda shape, layout, devices: mtf.placement_mesh_impl.PlacementMeshImpl(
+        shape, layout, devices, fuse_slicewise=False),
+    "collective_unfused": lambda shape, layout, devices: mtf.collective_mesh_impl.CollectiveMeshImpl(
+        shape, layout, devices, fuse_slicewise=False),
 }
 
 

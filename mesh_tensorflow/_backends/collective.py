@@ -18,12 +18,11 @@ from typing import Optional, Sequence
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._backends import tf_collectives
+from mesh_tensorflow._backends.device_program import DeviceProgram
 from mesh_tensorflow._backends.placement import PlacementMeshImpl
 from mesh_tensorflow._core.layout import processor_groups
 from mesh_tensorflow._launch.cluster import Cluster
-from mesh_tensorflow._lowering.lazy import convert_args_to_laid_out_tensors
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
-from mesh_tensorflow._lowering.tf_helpers import parallel, transpose_list_of_lists
 
 
 def default_devices(num_processors: int, cluster: Optional[Cluster]) -> list:
@@ -56,8 +55,8 @@ class CollectiveMeshImpl(PlacementMeshImpl):
     timeout_seconds: a collective between processes that waits longer than this for a peer fails
       (0: no limit). Defaults to the cluster's timeout.
     in_process_fast_path: False makes groups within this process use TF collective ops too.
-    trace_per_device: in graph mode, trace each per-slice computation once and call it on every
-      local device, so the program grows by one call per device per mtf op, not by a copy of it.
+    fuse_slicewise, jit_compile: as for PlacementMeshImpl (each local device calls one traced
+      program per segment of slicewise computations).
 
   Example:
     cluster = Cluster.from_tf_config()  # None when TF_CONFIG is unset
@@ -66,10 +65,12 @@ class CollectiveMeshImpl(PlacementMeshImpl):
 
   def __init__(self, shape, layout, devices: Optional[Sequence[str]] = None,
                cluster: Optional[Cluster] = None, timeout_seconds: Optional[float] = None,
-               in_process_fast_path: bool = True, trace_per_device: bool = False):
+               in_process_fast_path: bool = True, fuse_slicewise: bool = True,
+               jit_compile: bool = False):
     if devices is None:
       devices = default_devices(MeshImpl(shape, layout).size, cluster)
-    super().__init__(shape, layout, list(devices))
+    super().__init__(shape, layout, list(devices), fuse_slicewise=fuse_slicewise,
+                     jit_compile=jit_compile)
     self._all_devices = list(devices)
     self._cluster = cluster
     if cluster is None:
@@ -86,9 +87,9 @@ class CollectiveMeshImpl(PlacementMeshImpl):
             f"CollectiveMeshImpl: none of the devices {self._all_devices} belongs to this process "
             f"(task {cluster.task_index} of job {cluster.job!r}); give each task a block of devices.")
     self._devices = [self._all_devices[p] for p in self._local_pnums]
+    self._program = DeviceProgram(self._devices, jit_compile)
     if timeout_seconds is None:
       timeout_seconds = cluster.timeout_seconds if cluster is not None else 0.0
-    self._trace_per_device = trace_per_device
     self._settings = tf_collectives.CollectiveSettings(
         timeout_seconds=timeout_seconds, in_process_fast_path=in_process_fast_path)
 
@@ -112,22 +113,6 @@ class CollectiveMeshImpl(PlacementMeshImpl):
   @property
   def cluster(self) -> Optional[Cluster]:
     return self._cluster
-
-  def slicewise(self, fn, *inputs):
-    """Applies fn per local processor; non-laid-out arguments are given to every one.
-
-    With trace_per_device, fn is traced once (a tf.function) and called on each device.
-    """
-    inputs = convert_args_to_laid_out_tensors(inputs)
-    n = len(self._devices)
-    inputs = [x.tensor_list if isinstance(x, self.LaidOutTensor) else [x] * n for x in inputs]
-    if self._trace_per_device and n > 1 and not tf.executing_eagerly():
-      ret = _traced_parallel(self._devices, fn, inputs)
-    else:
-      ret = parallel(self._devices, fn, *inputs)
-    if isinstance(ret[0], tuple):
-      return tuple(self.LaidOutTensor(list(t)) for t in transpose_list_of_lists(ret))
-    return self.LaidOutTensor(ret)
 
   def laid_out_pnum(self):
     return self.LaidOutTensor(list(self._local_pnums))
@@ -186,30 +171,3 @@ class CollectiveMeshImpl(PlacementMeshImpl):
 
   def import_tf_tensor(self, x, tf_x):
     return self.LaidOutTensor(self.make_slices(tf_x, x.shape))
-
-
-def _traced_parallel(devices: list, fn, inputs: list) -> list:
-  """fn traced once as a tf.function and called under each device (inputs: one list per argument).
-
-  Arguments that are TF tensors on some device, or Python numbers that differ between devices
-  (processor numbers), become the function's inputs; the rest are fixed at tracing.
-  """
-  varying = [i for i, per_device in enumerate(inputs)
-             if any(tf.is_tensor(v) or v is not per_device[0] for v in per_device)]
-  try:
-    args = [[tf.convert_to_tensor(v) for v in inputs[i]] for i in varying]
-  except (TypeError, ValueError):  # an argument TF cannot take as a tensor: build per device
-    return parallel(devices, fn, *inputs)
-  fixed = [per_device[0] for per_device in inputs]
-
-  @tf.function(autograph=False)
-  def traced(*tensors):
-    full = list(fixed)
-    for i, t in zip(varying, tensors):
-      full[i] = t
-    return fn(*full)
-  ret = []
-  for d, device in enumerate(devices):
-    with tf.device(device):
-      ret.append(traced(*[a[d] for a in args]))
-  return ret

@@ -16,10 +16,13 @@ and `benchmarks/bench_collectives.py` measure them):
 
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow.compat.v1 as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from mesh_tensorflow._backends import ring_collectives, tf_collectives
+from mesh_tensorflow._backends.device_program import DeviceProgram
 from mesh_tensorflow._core.layout import processor_groups
 from mesh_tensorflow._lowering import laid_out
 from mesh_tensorflow._lowering.lazy import convert_args_to_laid_out_tensors
@@ -42,6 +45,11 @@ class PlacementMeshImpl(MeshImpl):
       uses the master itself as its slice, so that device holds one copy instead of two. Then
       the master must be changed only through copy_masters_to_slices (assigning it directly
       would change that processor's slice and not the others').
+    fuse_slicewise: in graph mode, trace each slicewise computation once into a per-device
+      program called on every device (`_backends/device_program.py`) instead of building its
+      ops per device: the same results, a program and a lowering time that barely grow with the
+      device count.
+    jit_compile: compile each fused per-device program with XLA.
 
   Raises:
     ValueError: the number of devices differs from the number of processors.
@@ -51,7 +59,8 @@ class PlacementMeshImpl(MeshImpl):
     lowering = mtf.Lowering(graph, {mesh: mesh_impl})
   """
 
-  def __init__(self, shape, layout, devices, master_as_slice: bool = False):
+  def __init__(self, shape, layout, devices, master_as_slice: bool = False, *,
+               fuse_slicewise: bool = True, jit_compile: bool = False):
     super().__init__(shape, layout)
     devices = list(devices)
     if len(devices) != self.size:
@@ -61,6 +70,9 @@ class PlacementMeshImpl(MeshImpl):
     self._devices = devices
     self._cpus_of_one_process = cpus_of_one_process(devices)
     self.master_as_slice = master_as_slice
+    self._fuse_slicewise = fuse_slicewise
+    self._jit_compile = jit_compile
+    self._program = DeviceProgram(devices, jit_compile)
 
   class LaidOutTensor(laid_out.LaidOutTensor):
     """One tf.Tensor per processor, in pnum order."""
@@ -163,11 +175,22 @@ class PlacementMeshImpl(MeshImpl):
   def devices(self):
     return self._devices
 
+  def fusing(self):
+    """While a Lowering runs: slicewise computations go into the per-device program."""
+    return self._program.fusing() if self._fuse_slicewise else contextlib.nullcontext()
+
   def slicewise(self, fn, *inputs):
-    """Applies fn per processor; non-laid-out arguments are given to every processor."""
+    """Applies fn per processor (slice held); non-laid-out arguments are given to every one.
+
+    While a Lowering fuses (graph mode), fn is traced once and its result stays pending until
+    a value is needed (see `_backends/device_program.py`).
+    """
     inputs = convert_args_to_laid_out_tensors(inputs)
-    inputs = [x.tensor_list if isinstance(x, self.LaidOutTensor) else [x] * self.size
-              for x in inputs]
+    fused = self._program.slicewise(fn, inputs, self.LaidOutTensor)
+    if fused is not None:
+      return fused
+    n = len(self._devices)
+    inputs = [x.tensor_list if isinstance(x, self.LaidOutTensor) else [x] * n for x in inputs]
     ret = parallel(self._devices, fn, *inputs)
     if isinstance(ret[0], tuple):
       return tuple(self.LaidOutTensor(list(t)) for t in transpose_list_of_lists(ret))

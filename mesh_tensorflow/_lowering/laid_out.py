@@ -4,28 +4,68 @@ from __future__ import annotations
 
 
 class LaidOutTensor:
-  """A list of TF tensors, one per slice this program holds (all of them, or only its own)."""
+  """A list of TF tensors, one per slice this program holds (all of them, or only its own).
+
+  It may be *pending*: traced once into a backend's open device-program segment
+  (`_backends/device_program.py`) and built on every device when its tensors are first asked
+  for. Its slice shape and dtype are known without building it.
+  """
 
   def __init__(self, tensor_list):
     self._tensor_list = list(tensor_list)
+    self._pending = None  # (segment, traced tf.Tensor) until built
+
+  @classmethod
+  def pending(cls, segment, traced) -> LaidOutTensor:
+    """A value of `segment`, traced as `traced`; segment.build_now() fills it on first use."""
+    x = cls.__new__(cls)
+    x._tensor_list = None
+    x._pending = (segment, traced)
+    return x
+
+  @property
+  def is_pending(self) -> bool:
+    return self._pending is not None
+
+  @property
+  def pending_segment(self):
+    return self._pending[0]
+
+  @property
+  def traced(self):
+    """The traced tensor standing for every slice while pending."""
+    return self._pending[1]
+
+  def fill(self, tensor_list) -> None:
+    """Called by the segment once the slices are built."""
+    self._tensor_list = list(tensor_list)
+    self._pending = None
 
   def __repr__(self):
+    if self.is_pending:
+      return f"[pending: {self.traced}]"
     return "[" + ",".join(str(t) for t in self._tensor_list) + "]"
 
   @property
   def tensor_list(self) -> list:
+    if self._pending is not None:
+      self._pending[0].build_now()
     return self._tensor_list
 
   @property
   def all_slices(self) -> list:
-    return self._tensor_list
+    return self.tensor_list
 
   @property
   def slice_shape(self) -> list:
+    if self._pending is not None:
+      return self.traced.shape.as_list()
     return self._tensor_list[0].shape.as_list()
 
   @property
   def dtype(self):
+    if self._pending is not None:
+      return self.traced.dtype
     return self._tensor_list[0].dtype
 
   def to_laid_out_tensor(self) -> LaidOutTensor:

@@ -47,11 +47,14 @@ class Lowering:
     self.tensors = {}
     self.operations = {}
     self.variables = {}
-    for op in graph.operations:
-      self.lower_operation(op)
-      for out in op.outputs:
-        self.add_counter("output/%s" % type(op).__name__, self.laid_out_size(out))
-        self.add_counter("output_unique/%s" % type(op).__name__, out.size)
+    with contextlib.ExitStack() as fusing:
+      for mesh_impl in {id(m): m for m in mesh_to_impl.values()}.values():
+        fusing.enter_context(mesh_impl.fusing())
+      for op in graph.operations:
+        self.lower_operation(op)
+        for out in op.outputs:
+          self.add_counter("output/%s" % type(op).__name__, self.laid_out_size(out))
+          self.add_counter("output_unique/%s" % type(op).__name__, out.size)
     # Built now, in graph mode: grouping them later would mark these ops (TF sets an attribute on a
     # control input) after a session may have run the graph, which TF warns will become an error.
     # Outside any rewrite (e.g. a TPU computation being built), where the copies themselves live.

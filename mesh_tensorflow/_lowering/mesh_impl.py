@@ -9,6 +9,8 @@ Op families never call the collectives directly: they go through `_lowering/comm
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import random as py_random
 import zlib
@@ -266,6 +268,10 @@ class MeshImpl:
   def einsum(self, equation: str, *slices):
     """Per-slice einsum; a hook for backends with a faster contraction."""
     return tf.einsum(equation, *slices)
+
+  def fusing(self):
+    """A context a Lowering runs in; backends that fuse slicewise computations override it."""
+    return contextlib.nullcontext()
 
   # ---- primitives a backend must provide ----
 

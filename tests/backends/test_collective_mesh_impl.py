@@ -24,7 +24,7 @@ from tests.lowering.test_random_graphs import LAYOUT_DIMS, _program_and_referenc
 
 MESHES = ["all:8", "rows:2;cols:4", "x:2;y:2;z:2"]
 PATHS = [("collective", "graph"), ("collective", "eager"), ("collective_tf_ops", "graph"),
-         ("collective_traced", "graph")]
+         ("collective_unfused", "graph")]
 
 
 def _run(backend, mode, mesh_shape, fn):

@@ -1,0 +1,252 @@
+"""One traced program per device: a backend's slicewise computations fused into TF functions.
+
+A placement-style backend holds one TF tensor per processor, and every slicewise computation
+(elementwise ops, per-slice einsums, reshapes, ...) would otherwise be built once per device:
+the lowered program, and the time to build it, grow with the device count. While a Lowering runs
+in graph mode, `DeviceProgram` instead traces each computation once into an open *segment* (a
+FuncGraph whose arguments are the per-device values). When a value of the segment is needed
+outside it (by a collective, an assignment, an export), the segment closes: its ops become one TF
+function, called once on every device with that device's arguments. The program grows by one
+call per device per segment, and lowering costs about what one device's lowering costs.
+
+Results are those of building every device's ops: each call computes exactly what the per-device
+ops computed. In a session, TF inlines the calls (so grappler optimises the per-device ops as
+before); with `jit_compile` each call is compiled by XLA instead.
+
+A computation is built per device, as before, where fusing could change its meaning: outside a
+Lowering, in eager mode, inside control flow or control dependencies, for arguments that are not
+tensors or numbers, and when tracing it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import numbers
+import weakref
+from typing import Callable, Optional
+
+import tensorflow.compat.v1 as tf
+from tensorflow.python.eager.polymorphic_function import atomic_function
+from tensorflow.python.framework import func_graph as func_graph_lib
+
+from mesh_tensorflow._lowering.laid_out import LaidOutTensor
+
+_segment_numbers = itertools.count()
+
+
+class _Unfusable(Exception):
+  """This computation must be built per device."""
+
+
+class DeviceProgram:
+  """Fuses slicewise computations on `devices` into per-device calls of traced TF functions.
+
+  Args:
+    devices: one TF device string per slice this program holds, in slice order.
+    jit_compile: compile each segment with XLA (one compiled cluster per device).
+  """
+
+  def __init__(self, devices: list, jit_compile: bool = False):
+    self._devices = list(devices)
+    self.jit_compile = jit_compile
+    self._graph = None  # the TF graph a Lowering builds in; None: nothing is fused
+    self._segment: Optional[_Segment] = None
+
+  @contextlib.contextmanager
+  def fusing(self):
+    """While a Lowering runs: fuse slicewise computations built in the current graph.
+
+    On exit every pending value is built, so a finished Lowering holds ordinary tensors.
+    """
+    if tf.executing_eagerly():
+      yield
+      return
+    previous, self._graph = self._graph, tf.get_default_graph()
+    try:
+      yield
+    finally:
+      self.flush()
+      self._graph = previous
+
+  def flush(self) -> None:
+    """Builds the open segment's calls (values nobody holds any more are dropped)."""
+    if self._segment is not None:
+      segment, self._segment = self._segment, None
+      segment.close()
+
+  def slicewise(self, fn: Callable, inputs: list, laid_out_cls: type):
+    """fn traced once into the open segment: a pending laid_out_cls (or a tuple of them).
+
+    inputs: LaidOutTensors (one value per slice) or values given to every slice. Returns None
+    when fn must be built per device instead (the caller then does so).
+    """
+    if not self._can_fuse():
+      return None
+    if self._segment is None:
+      self._segment = _Segment(self, self._graph)
+    try:
+      return self._segment.trace(fn, inputs, laid_out_cls)
+    except _Unfusable:
+      return None
+
+  def _can_fuse(self) -> bool:
+    if self._graph is None or tf.executing_eagerly():
+      return False
+    graph = tf.get_default_graph()
+    if graph is not self._graph or graph._control_dependencies_stack:  # pylint: disable=protected-access
+      return False
+    if graph._get_control_flow_context() is not None:  # pylint: disable=protected-access
+      return False
+    return self._segment is None or not self._segment.tracing
+
+
+class _Segment:
+  """An open trace: slicewise computations not built yet, and the per-device values they read."""
+
+  def __init__(self, program: DeviceProgram, graph):
+    self._program = program
+    self.graph = graph
+    with graph.as_default():
+      self._trace_graph = func_graph_lib.FuncGraph(f"mtf_segment_{next(_segment_numbers)}")
+    self._arguments = []  # (placeholder, one value per device)
+    self._argument_keys = {}  # what a placeholder stands for -> placeholder
+    self._pending = []  # weak references to the LaidOutTensors this segment will fill
+    self.tracing = False
+
+  # ---- tracing ----
+
+  def trace(self, fn: Callable, inputs: list, laid_out_cls: type):
+    """fn on the traced arguments; its outputs become pending LaidOutTensors."""
+    args = [self._argument(x) if isinstance(x, LaidOutTensor) else x for x in inputs]
+    num_ops = len(self._trace_graph.get_operations())
+    self.tracing = True
+    try:
+      with self._trace_graph.as_default(), self._name_scope():
+        ret = fn(*args)
+    except _Unfusable:
+      raise
+    except Exception as e:  # built per device instead, where the error (if any) is raised again
+      raise _Unfusable() from e
+    finally:
+      self.tracing = False
+    if any(_needs_its_own_op_per_device(op) for op in self._trace_graph.get_operations()[num_ops:]):
+      raise _Unfusable()
+    outputs = ret if isinstance(ret, tuple) else (ret,)
+    if not all(isinstance(t, tf.Tensor) for t in outputs):
+      raise _Unfusable()
+    pending = tuple(self._pending_output(laid_out_cls, t) for t in outputs)
+    return pending if isinstance(ret, tuple) else pending[0]
+
+  def _name_scope(self):
+    """The lowering's name scope (the op being lowered) inside the trace."""
+    scope = self.graph.get_name_scope()
+    return self._trace_graph.name_scope(scope + "/") if scope else contextlib.nullcontext()
+
+  def _argument(self, x: LaidOutTensor):
+    """The traced value of x: its trace in this segment, a placeholder, or a shared number."""
+    if x.is_pending and x.pending_segment is self:
+      return x.traced
+    values = x.tensor_list  # another program's pending value is built now
+    if len(values) != len(self._program._devices):  # pylint: disable=protected-access
+      raise _Unfusable()
+    if all(isinstance(v, tf.Tensor) and v.graph is self.graph for v in values):
+      if len({(v.dtype, tuple(v.shape.as_list() if v.shape.rank is not None else [None]))
+              for v in values}) != 1:
+        raise _Unfusable()
+      return self._placeholder(("tensors",) + tuple(id(v) for v in values), values,
+                               values[0].dtype, values[0].shape)
+    if all(isinstance(v, numbers.Number) and not isinstance(v, bool) for v in values):
+      if all(v == values[0] for v in values):
+        return values[0]
+      dtype = tf.int32 if all(isinstance(v, numbers.Integral) for v in values) else tf.float32
+      return self._placeholder(("numbers", dtype) + tuple(values), list(values), dtype, [])
+    raise _Unfusable()
+
+  def _placeholder(self, key: tuple, values: list, dtype, shape):
+    if key not in self._argument_keys:
+      with self._trace_graph.as_default():
+        placeholder = tf.placeholder(dtype, shape, name="per_device_input")
+      self._argument_keys[key] = placeholder
+      self._arguments.append((placeholder, values))
+    return self._argument_keys[key]
+
+  def _pending_output(self, laid_out_cls: type, traced: tf.Tensor) -> LaidOutTensor:
+    x = laid_out_cls.pending(self, traced)
+    self._pending.append(weakref.ref(x))
+    return x
+
+  # ---- building the calls ----
+
+  def build_now(self) -> None:
+    """A pending value is needed: the whole segment is built (called by LaidOutTensor)."""
+    if self.tracing:  # a computation being traced reads a pending value: build it per device
+      raise _Unfusable()
+    program = self._program
+    if program._segment is self:  # pylint: disable=protected-access
+      program._segment = None  # pylint: disable=protected-access
+    self.close()
+
+  def close(self) -> None:
+    """Calls the traced function on every device and fills the pending values still held."""
+    held = [x for x in (ref() for ref in self._pending) if x is not None and x.is_pending]
+    self._pending = []
+    if not held:
+      return
+    n = len(self._program._devices)  # pylint: disable=protected-access
+    per_device = {}  # id(traced tensor) -> one value per device
+    for placeholder, values in self._arguments:
+      per_device[id(placeholder)] = values
+    captures = list(self._trace_graph.captures)
+    for outer, inner in captures:
+      per_device[id(inner)] = [outer] * n
+    outputs = []
+    for x in held:
+      if id(x.traced) not in per_device and x.traced.graph is not self._trace_graph:
+        per_device[id(x.traced)] = [x.traced] * n  # an outer tensor returned as it is
+      elif id(x.traced) not in per_device:
+        per_device[id(x.traced)] = None
+        outputs.append(x.traced)
+    if outputs:
+      for output, values in zip(outputs, self._call(outputs, captures)):
+        per_device[id(output)] = values
+    for x in held:
+      x.fill(per_device[id(x.traced)])
+
+  def _call(self, outputs: list, captures: list) -> list:
+    """The traced function with `outputs`, called per device: one value list per output."""
+    fg = self._trace_graph
+    fg.inputs = [p for p, _ in self._arguments] + [inner for _, inner in captures]
+    fg.outputs = list(outputs)
+    fg.structured_outputs = list(outputs)
+    attrs = {"_XlaMustCompile": True} if self._program.jit_compile else {}
+    function = atomic_function.from_func_graph(fg.name, fg, attrs)
+    calls = []
+    with _at_top_level(self.graph):
+      for d, device in enumerate(self._program._devices):  # pylint: disable=protected-access
+        with tf.device(device):
+          args = [tf.constant(values[d], p.dtype) if not isinstance(values[d], tf.Tensor)
+                  else values[d] for p, values in self._arguments]
+          calls.append(function.call_flat(*args, *[outer for outer, _ in captures]))
+    return [list(values) for values in zip(*calls)]
+
+
+def _needs_its_own_op_per_device(op) -> bool:
+  """Stateful ops (random draws, variables) differ per device; one traced op would repeat itself.
+
+  Print is stateful too, but printing from each device is what the per-device ops did.
+  """
+  return op._is_stateful and op.type not in ("Print", "PrintV2")  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def _at_top_level(graph):
+  """Builds in `graph` outside any control flow, control dependencies and device scope."""
+  with graph.as_default(), tf.control_dependencies(None), tf.device(None):
+    context = graph._get_control_flow_context()  # pylint: disable=protected-access
+    graph._set_control_flow_context(None)  # pylint: disable=protected-access
+    try:
+      with tf.name_scope("mtf_device_program"):
+        yield
+    finally:
+      graph._set_control_flow_context(context)  # pylint: disable=protected-access

@@ -1,0 +1,166 @@
+"""Fused slicewise computations: one traced program per device, the same results as per-device ops."""
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mesh_tensorflow as mtf
+from tests.harness import (
+    MAX_EXAMPLES, assert_allclose, cpu_devices, lower_and_evaluate, mesh_and_layout, session_config)
+
+DIMS = {"batch": 8, "d": 4, "h": 8}
+
+
+def _mlp(mesh, seed=0):
+  """A two-layer MLP's output and its gradients: einsums, elementwise ops, reductions."""
+  rng = np.random.RandomState(seed)
+  batch, d, h = (mtf.Dimension(n, s) for n, s in DIMS.items())
+  x = mtf.import_tf_tensor(mesh, tf.constant(rng.randn(8, 4).astype(np.float32)), [batch, d])
+  w1 = mtf.get_variable(mesh, "w1", [d, h], initializer=tf.random_normal_initializer(seed=1))
+  w2 = mtf.get_variable(mesh, "w2", [h, d], initializer=tf.random_normal_initializer(seed=2))
+  hidden = mtf.relu(mtf.einsum([x, w1], [batch, h])) * 0.5 + 1.0
+  y = mtf.einsum([mtf.tanh(hidden), w2], [batch, d])
+  loss = mtf.reduce_sum(mtf.square(y - mtf.reduce_mean(y, reduced_dim=batch)))
+  return [y, loss] + mtf.gradients([loss], [x, w1, w2])
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(mesh_and_layout(DIMS), st.integers(0, 100))
+def test_fused_lowering_equals_per_device_ops_in_values_and_gradients(mesh_layout, seed):
+  fused = lower_and_evaluate(lambda m: _mlp(m, seed), *mesh_layout, backend="placement")
+  unfused = lower_and_evaluate(lambda m: _mlp(m, seed), *mesh_layout, backend="placement_unfused")
+  for a, b in zip(fused, unfused):
+    assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def _chain(mesh, length):
+  x = mtf.import_tf_tensor(mesh, tf.ones([8, 4]), [mtf.Dimension("batch", 8), mtf.Dimension("d", 4)])
+  for i in range(length):
+    x = mtf.relu(x * float(i + 1) - 0.5)
+  return x
+
+
+def _ops_of_lowering(num_devices, length=40, fuse=True):
+  """TF ops in the outer graph after lowering and exporting a chain of elementwise ops."""
+  with tf.Graph().as_default() as graph:
+    mtf_graph = mtf.Graph()
+    mesh = mtf.Mesh(mtf_graph, "mesh")
+    y = _chain(mesh, length)
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(
+        f"all:{num_devices}", "batch:all", cpu_devices(num_devices), fuse_slicewise=fuse)
+    mtf.Lowering(mtf_graph, {mesh: impl}).export_to_tf_tensor(y)
+    return graph.get_operations()
+
+
+def test_program_grows_by_one_call_per_device_not_by_a_copy_of_every_op():
+  sizes = {n: len(_ops_of_lowering(n)) for n in (1, 2, 4, 8)}
+  calls = [op for op in _ops_of_lowering(8) if op.type == "PartitionedCall"]
+  assert len(calls) == 8  # one segment: the whole chain, called on each device
+  assert sizes[8] - sizes[1] < 8 * 5, sizes  # a call, its inputs and the export's slices per device
+  assert len(_ops_of_lowering(8, fuse=False)) > 8 * 40 * 2  # per-device ops: every op, 8 times
+
+
+def test_each_device_runs_its_call_on_its_own_device():
+  calls = [op for op in _ops_of_lowering(4) if op.type == "PartitionedCall"]
+  assert sorted(op.device for op in calls) == [f"/device:CPU:{i}" for i in range(4)]
+
+
+def _pending_after(fn):
+  """fn(impl, x) inside a fusing placement backend on 4 devices: (result, numpy value of it)."""
+  with tf.Graph().as_default():
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:4", "", cpu_devices(4))
+    xs = []
+    for i, device in enumerate(cpu_devices(4)):
+      with tf.device(device):
+        xs.append(tf.fill([2, 3], float(i)))
+    with impl.fusing():
+      result = fn(impl, impl.LaidOutTensor(xs))
+      pending = result.is_pending
+      shape, dtype = result.slice_shape, result.dtype
+      slices = result.tensor_list
+    with tf.Session(config=session_config()) as sess:
+      return pending, shape, dtype, sess.run(slices)
+
+
+def test_a_pending_value_knows_its_slice_shape_and_dtype_and_builds_when_its_tensors_are_read():
+  pending, shape, dtype, slices = _pending_after(
+      lambda impl, x: impl.slicewise(lambda t: tf.cast(t[:, :2] * 2.0, tf.int32), x))
+  assert pending and shape == [2, 2] and dtype == tf.int32
+  for i, s in enumerate(slices):
+    np.testing.assert_array_equal(s, np.full([2, 2], 2 * i))
+
+
+def test_processor_numbers_reach_the_traced_program_as_each_devices_own_value():
+  _, _, _, slices = _pending_after(
+      lambda impl, x: impl.slicewise(lambda t, p: t + tf.cast(p, tf.float32) * 10.0, x,
+                                     impl.laid_out_pnum()))
+  for i, s in enumerate(slices):
+    np.testing.assert_array_equal(s, np.full([2, 3], 11.0 * i))
+
+
+def test_a_computation_that_cannot_be_traced_is_built_per_device():
+  # Indexing a Python list with the processor number needs a Python int, not a traced tensor.
+  table = [3.0, 5.0, 7.0, 9.0]
+  pending, _, _, slices = _pending_after(
+      lambda impl, x: impl.slicewise(lambda t, p: t + table[p], x, impl.laid_out_pnum()))
+  assert not pending
+  for i, s in enumerate(slices):
+    np.testing.assert_array_equal(s, np.full([2, 3], i + table[i]))
+
+
+def test_stateful_random_ops_are_built_per_device_so_devices_draw_different_values():
+  def draw(impl, x):
+    tf.set_random_seed(7)  # a graph seed: each per-device op gets its own op seed, one traced op would not
+    return impl.slicewise(lambda t: t * 0.0 + tf.random.uniform([2, 3]), x)
+  pending, _, _, slices = _pending_after(draw)
+  assert not pending
+  assert len({s.tobytes() for s in slices}) == 4
+
+
+def test_errors_in_a_slicewise_computation_are_raised_as_without_fusion():
+  def bad(impl, x):
+    return impl.slicewise(lambda t: tf.matmul(t, t), x)  # [2, 3] x [2, 3]
+  with pytest.raises(ValueError, match="Dimensions must be equal"):
+    _pending_after(bad)
+
+
+def test_ops_inside_control_dependencies_keep_them():
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.ones([8]), [mtf.Dimension("batch", 8)])
+    counter = mtf.get_variable(mesh, "counter", [], initializer=tf.zeros_initializer())
+    bump = mtf.assign_add(counter, mtf.ones(mesh, []))
+    return [mtf.depend(x * 2.0, [bump]), counter]
+
+  with tf.Graph().as_default():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    y, counter = build(mesh)
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:4", "batch:all", cpu_devices(4))
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    tf_y, tf_counter = lowering.export_to_tf_tensor(y), lowering.export_to_tf_tensor(counter)
+    with tf.Session(config=session_config()) as sess:
+      sess.run(tf.global_variables_initializer())
+      sess.run(lowering.copy_masters_to_slices())
+      np.testing.assert_array_equal(sess.run(tf_y), np.full([8], 2.0))
+      assert sess.run(tf_counter) == 1.0  # the increment ran before y
+
+
+def test_nothing_is_left_pending_after_a_lowering():
+  with tf.Graph().as_default():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    outputs = _mlp(mesh)
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl("b:2;d:2", "batch:b;h:d", cpu_devices(4))
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    laid_out = [lowering.tensors[t] for t in outputs]
+    assert not any(getattr(x, "is_pending", False) for x in laid_out)
+
+
+@pytest.mark.parametrize("backend", ["placement", "collective"])
+def test_eager_mode_builds_per_device_and_agrees_with_graph_mode(backend):
+  graph_values = lower_and_evaluate(_mlp, "b:2;d:2", "batch:b;h:d", "graph", backend=backend)
+  eager_values = lower_and_evaluate(_mlp, "b:2;d:2", "batch:b;h:d", "eager", backend=backend)
+  for a, b in zip(graph_values, eager_values):
+    assert_allclose(a, b)
