@@ -33,6 +33,9 @@ from tensorflow.python.framework import func_graph as func_graph_lib
 from mesh_tensorflow._lowering.laid_out import LaidOutTensor
 
 _segment_numbers = itertools.count()
+# With jit_compile, smaller segments (an optimizer's update of one variable, a cast) are not
+# worth an XLA compilation per device.
+_MIN_OPS_TO_COMPILE = 16
 
 
 class _Unfusable(Exception):
@@ -219,7 +222,8 @@ class _Segment:
     fg.inputs = [p for p, _ in self._arguments] + [inner for _, inner in captures]
     fg.outputs = list(outputs)
     fg.structured_outputs = list(outputs)
-    attrs = {"_XlaMustCompile": True} if self._program.jit_compile else {}
+    jit = self._program.jit_compile and len(fg.get_operations()) >= _MIN_OPS_TO_COMPILE
+    attrs = {"_XlaMustCompile": True} if jit else {}
     function = atomic_function.from_func_graph(fg.name, fg, attrs)
     calls = []
     with _at_top_level(self.graph):
