@@ -10,6 +10,7 @@ what the layout needs (each processor's slices of every variable, optimizer stat
     python benchmarks/bench_transformer.py [--reps 5] [--steps 10] [--backend placement|collective]
                                            [--dtype float32|bfloat16] [--no_graph_optimizer]
                                            [--master_as_slice] [--sweep] [--sweep_devices 1,2,...]
+                                           [--jit_compile] [--no_fuse]
 """
 
 from __future__ import annotations
@@ -119,11 +120,16 @@ def build_plain_tf(cfg, num_cpus: int, dtype=tf.float32, graph_optimizer: bool =
   return _start(case, [init])
 
 
+# Options of the backends' constructors (fuse_slicewise, jit_compile), set from the command line.
+IMPL_OPTIONS = {}
+
+
 def _mesh_impl(backend: str, mesh_shape: str, layout: str, devices: list, master_as_slice: bool):
   if backend == "placement":
-    return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices, master_as_slice)
+    return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices, master_as_slice,
+                                                     **IMPL_OPTIONS)
   from mesh_tensorflow.collective_mesh_impl import CollectiveMeshImpl
-  return CollectiveMeshImpl(mesh_shape, layout, devices)
+  return CollectiveMeshImpl(mesh_shape, layout, devices, **IMPL_OPTIONS)
 
 
 def variable_bytes_per_device(graph) -> dict:
@@ -213,16 +219,21 @@ def main(argv: Optional[list] = None) -> None:
                       help="skip TF's graph optimisation passes (grappler) at session start")
   parser.add_argument("--master_as_slice", action="store_true",
                       help="placement backend: masters of unsplit variables serve as a processor's slice")
+  parser.add_argument("--jit_compile", action="store_true",
+                      help="compile each device's fused program with XLA")
+  parser.add_argument("--no_fuse", action="store_true",
+                      help="build every slicewise computation per device (no fused device program)")
   parser.add_argument("--sweep", action="store_true", help="data-parallel device-count sweep instead")
   parser.add_argument("--sweep_devices", default="1,2,4,8,16,32,64")
   args = parser.parse_args(argv)
   tf.disable_v2_behavior()
   tf.logging.set_verbosity(tf.logging.ERROR)
+  IMPL_OPTIONS.update(jit_compile=args.jit_compile, fuse_slicewise=not args.no_fuse)
   cfg = model.Config()
   dtype = tf.as_dtype(args.dtype)
   opt = not args.no_graph_optimizer
   print(f"load average before: {os.getloadavg()}; CPUs: {os.cpu_count()}; backend: {args.backend}; "
-        f"dtype: {args.dtype}; graph optimizer: {opt}")
+        f"dtype: {args.dtype}; graph optimizer: {opt}; options: {IMPL_OPTIONS}")
   if args.sweep:
     counts = [int(n) for n in args.sweep_devices.split(",")]
     num_cpus = max(counts)
