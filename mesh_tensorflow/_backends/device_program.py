@@ -10,8 +10,9 @@ function, called once on every device with that device's arguments. The program 
 call per device per segment, and lowering costs about what one device's lowering costs.
 
 Results are those of building every device's ops: each call computes exactly what the per-device
-ops computed. In a session, TF inlines the calls (so grappler optimises the per-device ops as
-before); with `jit_compile` each call is compiled by XLA instead.
+ops computed. The calls run their body as traced (not inlined into the session's graph, and not
+optimised again per device), so a session starts quickly; with `jit_compile` each call is
+compiled by XLA instead.
 
 A computation is built per device, as before, where fusing could change its meaning: outside a
 Lowering, in eager mode, inside control flow or control dependencies, for arguments that are not
@@ -27,6 +28,8 @@ import weakref
 from typing import Callable, Optional
 
 import tensorflow.compat.v1 as tf
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.eager import context
 from tensorflow.python.eager.polymorphic_function import atomic_function
 from tensorflow.python.framework import func_graph as func_graph_lib
 
@@ -223,10 +226,10 @@ class _Segment:
     fg.outputs = list(outputs)
     fg.structured_outputs = list(outputs)
     jit = self._program.jit_compile and len(fg.get_operations()) >= _MIN_OPS_TO_COMPILE
-    attrs = {"_XlaMustCompile": True} if jit else {}
+    attrs = {"_noinline": True, "_XlaMustCompile": True} if jit else {"_noinline": True}
     function = atomic_function.from_func_graph(fg.name, fg, attrs)
     calls = []
-    with _at_top_level(self.graph):
+    with _at_top_level(self.graph), _calls_instantiated_as_traced():
       for d, device in enumerate(self._program._devices):  # pylint: disable=protected-access
         with tf.device(device):
           args = [tf.constant(values[d], p.dtype) if not isinstance(values[d], tf.Tensor)
@@ -241,6 +244,26 @@ def _needs_its_own_op_per_device(op) -> bool:
   Print is stateful too, but printing from each device is what the per-device ops did.
   """
   return op._is_stateful and op.type not in ("Print", "PrintV2")  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def _calls_instantiated_as_traced():
+  """Function calls built here run their body as traced: not inlined, no graph optimisation.
+
+  A session would otherwise inline every device's call and run TF's graph optimisers over all
+  the copies, or optimise the body again for each device it is instantiated on: measured on the
+  benchmark Transformer (8 devices), 4.1 s of CPU at the first step, against 1.4 s as traced,
+  with no slower steps.
+  """
+  ctx = context.context()
+  previous = ctx.function_call_options
+  config = config_pb2.ConfigProto(allow_soft_placement=True)
+  config.graph_options.rewrite_options.disable_meta_optimizer = True
+  ctx.function_call_options = context.FunctionCallOptions(config_proto=config)
+  try:
+    yield
+  finally:
+    ctx.function_call_options = previous
 
 
 @contextlib.contextmanager
