@@ -186,3 +186,21 @@ def test_jit_compiled_programs_equal_per_device_ops_and_are_marked_for_xla():
   assert len(compiled) >= 4 and compiled[0].device  # at least one segment, compiled on each device
   for a, b in zip(jitted, lower_and_run(fuse_slicewise=False)[0]):
     assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_lowering_inside_a_tf_function_fuses_and_matches_numpy():
+  values = np.random.RandomState(0).randn(8, 4).astype(np.float32)
+
+  @tf.function
+  def lowered(x_value):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.import_tf_tensor(mesh, x_value, [mtf.Dimension("batch", 8), mtf.Dimension("d", 4)])
+    y = mtf.reduce_sum(mtf.relu(x * 2.0 - 1.0), reduced_dim=x.shape.dims[0])
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:4", "batch:all", cpu_devices(4))
+    return mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(y)
+
+  graph_def = lowered.get_concrete_function(tf.TensorSpec([8, 4])).graph.as_graph_def()
+  assert sum(node.op == "PartitionedCall" for node in graph_def.node) == 4
+  np.testing.assert_allclose(lowered(tf.constant(values)).numpy(),
+                             np.maximum(values * 2 - 1, 0).sum(0), rtol=1e-6)
