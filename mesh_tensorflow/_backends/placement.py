@@ -16,6 +16,8 @@ and `benchmarks/bench_collectives.py` measure them):
 
 from __future__ import annotations
 
+import functools
+
 import tensorflow.compat.v1 as tf
 from tensorflow.python.ops import resource_variable_ops
 
@@ -87,7 +89,7 @@ class PlacementMeshImpl(MeshImpl):
       self._slice_is_master = mesh_impl.size == 1 and master_pnum == 0
       if self._slice_is_master:
         self._slices = [variable.get_master()]
-        self._copy_master_to_slices_fn = self._copy_slices_to_master_fn = lambda: tf.group([])
+        copies = (tf.no_op, tf.no_op)
       else:
         self._slices = []
         # A second lowering of the same graph (in the same TF graph) reuses the slices.
@@ -100,14 +102,9 @@ class PlacementMeshImpl(MeshImpl):
               self._slices.append(tf.get_variable(
                   variable.name + "_slice_%d" % pnum, slice_shape, dtype=variable.slice_dtype,
                   collections=[], initializer=tf.zeros_initializer(), use_resource=True))
-        self._copy_master_to_slices_fn = lambda: self._assign_master_to_slices(shape)
-        self._copy_slices_to_master_fn = lambda: variable.assign_to_master(mesh_impl.combine_slices(
-            [tf.cast(s, variable.master_dtype) for s in self._slices], shape, device=master_device))
-      # Graph mode builds both copy ops once; eager mode runs the first copy now (it initialises
-      # the slices) and each later copy when it is asked for.
-      self._copy_master_to_slices = mesh_impl.register_copy_master_to_slices(
-          self._copy_master_to_slices_fn)
-      self._copy_slices_to_master = None if tf.executing_eagerly() else self._copy_slices_to_master_fn()
+        copies = (functools.partial(self._assign_master_to_slices, shape),
+                  functools.partial(self._combine_slices_into_master, shape, master_device))
+      self._build_copies(mesh_impl, *copies)
       self._reads = self.read().tensor_list
       self._laid_out_tensor = mesh_impl.LaidOutTensor(self._reads)
 
@@ -116,6 +113,11 @@ class PlacementMeshImpl(MeshImpl):
       return self._assign(
           lambda variable, slice_var, value: tf.assign(slice_var, tf.cast(value, variable.slice_dtype)),
           parts, after_reads=False)
+
+    def _combine_slices_into_master(self, master_shape, master_device):
+      variable = self._variable
+      return variable.assign_to_master(self._mesh_impl.combine_slices(
+          [tf.cast(s, variable.master_dtype) for s in self._slices], master_shape, device=master_device))
 
     def read(self):
       """A fresh read of every slice (ReadVariable uses it to see values assigned earlier)."""
@@ -140,20 +142,6 @@ class PlacementMeshImpl(MeshImpl):
       with tf.control_dependencies(reads):
         return tf.group(parallel(self._mesh_impl.devices, assign_fn,
                                  [self._variable] * len(self._slices), self._slices, list(values)))
-
-    @property
-    def copy_master_to_slices(self):
-      """The copy op built at lowering; in eager mode, the copy itself, run now."""
-      if tf.executing_eagerly():
-        return self._copy_master_to_slices_fn()
-      return self._copy_master_to_slices
-
-    @property
-    def copy_slices_to_master(self):
-      """The copy op built at lowering; in eager mode, the copy itself, run now."""
-      if tf.executing_eagerly():
-        return self._copy_slices_to_master_fn()
-      return self._copy_slices_to_master
 
     @property
     def slice_is_master(self):
