@@ -58,6 +58,10 @@ class CollectiveMeshImpl(PlacementMeshImpl):
     in_process_fast_path: False makes groups within this process use TF collective ops too.
     trace_per_device: in graph mode, trace each per-slice computation once and call it on every
       local device, so the program grows by one call per device per mtf op, not by a copy of it.
+    masters: "whole" (default) or "sliced" (no whole master variables; see PlacementMeshImpl).
+      "sliced" needs every processor in this process: across processes each one holds only its
+      own slices, and one process (the chief) writes the checkpoint, which must hold every
+      variable whole; there the whole masters, gathered by every process, do that.
 
   Example:
     cluster = Cluster.from_tf_config()  # None when TF_CONFIG is unset
@@ -66,10 +70,11 @@ class CollectiveMeshImpl(PlacementMeshImpl):
 
   def __init__(self, shape, layout, devices: Optional[Sequence[str]] = None,
                cluster: Optional[Cluster] = None, timeout_seconds: Optional[float] = None,
-               in_process_fast_path: bool = True, trace_per_device: bool = False):
+               in_process_fast_path: bool = True, trace_per_device: bool = False,
+               masters: str = "whole"):
     if devices is None:
       devices = default_devices(MeshImpl(shape, layout).size, cluster)
-    super().__init__(shape, layout, list(devices))
+    super().__init__(shape, layout, list(devices), masters=masters)
     self._all_devices = list(devices)
     self._cluster = cluster
     if cluster is None:
@@ -85,6 +90,12 @@ class CollectiveMeshImpl(PlacementMeshImpl):
         raise ValueError(
             f"CollectiveMeshImpl: none of the devices {self._all_devices} belongs to this process "
             f"(task {cluster.task_index} of job {cluster.job!r}); give each task a block of devices.")
+    if masters == "sliced" and self.is_multi_process:
+      raise ValueError(
+          f"CollectiveMeshImpl: masters='sliced' needs every processor in one process, but this "
+          f"process holds {len(self._local_pnums)} of the mesh's {self.size}. Across processes use "
+          f"masters='whole' (the default): every process gathers whole masters, so the chief can "
+          f"write checkpoints holding every variable (docs/multi_process.md).")
     self._devices = [self._all_devices[p] for p in self._local_pnums]
     if timeout_seconds is None:
       timeout_seconds = cluster.timeout_seconds if cluster is not None else 0.0

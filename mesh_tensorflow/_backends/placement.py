@@ -22,12 +22,14 @@ import tensorflow.compat.v1 as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from mesh_tensorflow._backends import ring_collectives, tf_collectives
+from mesh_tensorflow._backends.sliced_variables import SlicedLaidOutVariable
 from mesh_tensorflow._core.layout import processor_groups
 from mesh_tensorflow._lowering import laid_out
 from mesh_tensorflow._lowering.lazy import convert_args_to_laid_out_tensors
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
 from mesh_tensorflow._lowering.tf_helpers import parallel, transpose_list_of_lists
 
+MASTERS = ("whole", "sliced")  # PlacementMeshImpl(masters=...)
 
 class PlacementMeshImpl(MeshImpl):
   """Mesh implementation for CPU/GPU device lists (one slice per device).
@@ -44,25 +46,40 @@ class PlacementMeshImpl(MeshImpl):
       uses the master itself as its slice, so that device holds one copy instead of two. Then
       the master must be changed only through copy_masters_to_slices (assigning it directly
       would change that processor's slice and not the others').
+    masters: "whole" (default): each variable has a whole master tf.Variable on its master device
+      (mesh.variable_placer_fn), which checkpoints hold, beside the slices. "sliced": no whole
+      master; the slices are checkpointed as parts of the whole variables (TF's SaveSliceInfo),
+      so no device holds more than its slices (`_backends/sliced_variables.py`,
+      docs/checkpoints.md). Checkpoints are the same in both modes; "whole" stays the default
+      because scripts may read or assign the masters as tf.Variables.
 
   Raises:
-    ValueError: the number of devices differs from the number of processors.
+    ValueError: the number of devices differs from the number of processors, or an unknown
+      `masters`, or master_as_slice with masters="sliced".
 
   Example:
     mesh_impl = PlacementMeshImpl("rows:2;cols:4", "batch:rows", ["gpu:%d" % i for i in range(8)])
     lowering = mtf.Lowering(graph, {mesh: mesh_impl})
   """
 
-  def __init__(self, shape, layout, devices, master_as_slice: bool = False):
+  def __init__(self, shape, layout, devices, master_as_slice: bool = False, masters: str = "whole"):
     super().__init__(shape, layout)
     devices = list(devices)
     if len(devices) != self.size:
       raise ValueError(
           f"PlacementMeshImpl: mesh {self.shape} has {self.size} processors but {len(devices)} "
           f"devices were given ({devices}); pass exactly one device string per processor.")
+    if masters not in MASTERS:
+      raise ValueError(f"PlacementMeshImpl: masters={masters!r}; expected one of {MASTERS}.")
+    if masters == "sliced" and master_as_slice:
+      raise ValueError("PlacementMeshImpl: master_as_slice=True applies to whole masters; "
+                       "masters='sliced' keeps no master to use as a slice. Pass one of them.")
     self._devices = devices
     self._cpus_of_one_process = cpus_of_one_process(devices)
     self.master_as_slice = master_as_slice
+    self._masters = masters
+    if masters == "sliced":
+      self.LaidOutVariable = SlicedLaidOutVariable  # what Variable.lower builds, for this mesh
 
   class LaidOutTensor(laid_out.LaidOutTensor):
     """One tf.Tensor per processor, in pnum order."""
@@ -150,6 +167,11 @@ class PlacementMeshImpl(MeshImpl):
   @property
   def devices(self):
     return self._devices
+
+  @property
+  def masters(self) -> str:
+    """"whole" (a master tf.Variable per variable) or "sliced" (checkpointed slices, no master)."""
+    return self._masters
 
   def slicewise(self, fn, *inputs):
     """Applies fn per processor; non-laid-out arguments are given to every processor."""
