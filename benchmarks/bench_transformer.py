@@ -4,12 +4,13 @@ The model (benchmarks/_transformer_model.py) is the performance issue's: 2 layer
 d_ff 1024, 4 heads, sequence 64, batch 16, vocabulary 1024, SGD, graph mode. Every case is built
 once (lowering time, first-step time and TF op count are recorded then); the step times of all
 cases are then measured interleaved, `--reps` times, and reported as medians and as ratios to
-plain TF on one device. Memory: the bytes of TF variables per device in the lowered graph against
-what the layout needs (each processor's slices of every variable, optimizer state included).
+plain TF on one device. Memory: the bytes of the TF variables the program runs with, per device,
+against what the layout needs (each processor's slices of every variable, optimizer state included).
 
     python benchmarks/bench_transformer.py [--reps 5] [--steps 10] [--backend placement|collective]
                                            [--dtype float32|bfloat16] [--no_graph_optimizer]
-                                           [--master_as_slice] [--sweep] [--sweep_devices 1,2,...]
+                                           [--master_as_slice] [--masters whole|sliced]
+                                           [--sweep] [--sweep_devices 1,2,...]
 """
 
 from __future__ import annotations
@@ -119,17 +120,36 @@ def build_plain_tf(cfg, num_cpus: int, dtype=tf.float32, graph_optimizer: bool =
   return _start(case, [init])
 
 
-def _mesh_impl(backend: str, mesh_shape: str, layout: str, devices: list, master_as_slice: bool):
+def _mesh_impl(backend: str, mesh_shape: str, layout: str, devices: list, master_as_slice: bool,
+               masters: str):
   if backend == "placement":
-    return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices, master_as_slice)
+    return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices, master_as_slice, masters)
   from mesh_tensorflow.collective_mesh_impl import CollectiveMeshImpl
-  return CollectiveMeshImpl(mesh_shape, layout, devices)
+  return CollectiveMeshImpl(mesh_shape, layout, devices, masters=masters)
 
 
-def variable_bytes_per_device(graph) -> dict:
-  """Device -> bytes of the TF variables placed there ("" counts as CPU:0, where TF puts it)."""
+def ops_run_by(fetches) -> set:
+  """The TF ops a session runs for `fetches` (tensors or ops): their inputs, transitively."""
+  todo = [f.op if isinstance(f, tf.Tensor) else f for f in fetches]
+  seen = set()
+  while todo:
+    op = todo.pop()
+    if op not in seen:
+      seen.add(op)
+      todo += [t.op for t in op.inputs] + list(op.control_inputs)
+  return seen
+
+
+def variable_bytes_per_device(graph, run=None) -> dict:
+  """Device -> bytes of the TF variables placed there ("" counts as CPU:0, where TF puts it).
+
+  With `run` (the fetches the program runs: initialisers, steps), only the variables those reach:
+  TF creates no others. (A variable that nothing run reaches, such as the never-initialised master
+  left in the graph by PlacementMeshImpl(masters="sliced"), holds no memory.)
+  """
   ret = {}
-  for op in graph.get_operations():
+  ops = graph.get_operations() if run is None else ops_run_by(run)
+  for op in ops:
     if op.type not in ("VarHandleOp", "VariableV2"):
       continue
     shape = tf.TensorShape(op.get_attr("shape"))
@@ -151,7 +171,7 @@ def needed_bytes_per_processor(mtf_graph, mesh_impl) -> int:
 
 def build_mtf(cfg, name: str, mesh_shape: str, layout: str, backend: str, num_cpus: int,
               slice_dtype=tf.float32, activation_dtype=tf.float32, graph_optimizer: bool = True,
-              master_as_slice: bool = False) -> Case:
+              master_as_slice: bool = False, masters: str = "whole") -> Case:
   graph = tf.Graph()
   with graph.as_default():
     inputs_ph, targets_ph = _placeholders(cfg)
@@ -161,14 +181,14 @@ def build_mtf(cfg, name: str, mesh_shape: str, layout: str, backend: str, num_cp
                                          slice_dtype, activation_dtype)
     num_processors = mtf.convert_to_shape(mesh_shape).size
     impl = _mesh_impl(backend, mesh_shape, layout, [f"/cpu:{i}" for i in range(num_processors)],
-                      master_as_slice)
+                      master_as_slice, masters)
     start = time.perf_counter()
     lowering = mtf.Lowering(mtf_graph, {mesh: impl})
     fetches = [lowering.export_to_tf_tensor(loss),
                tf.group([lowering.lowered_operation(u) for u in updates])]
     build_s = time.perf_counter() - start
     init = [tf.global_variables_initializer(), lowering.copy_masters_to_slices()]
-  per_device = variable_bytes_per_device(graph)
+  per_device = variable_bytes_per_device(graph, init + fetches)
   case = Case(name, _session(graph, num_cpus, graph_optimizer), fetches, _feed(cfg, inputs_ph, targets_ph),
               build_s=build_s, num_ops=len(graph.get_operations()),
               max_device_bytes=max(per_device.values()),
@@ -213,6 +233,8 @@ def main(argv: Optional[list] = None) -> None:
                       help="skip TF's graph optimisation passes (grappler) at session start")
   parser.add_argument("--master_as_slice", action="store_true",
                       help="placement backend: masters of unsplit variables serve as a processor's slice")
+  parser.add_argument("--masters", choices=["whole", "sliced"], default="whole",
+                      help="sliced: no whole master variables; slices are checkpointed as parts")
   parser.add_argument("--sweep", action="store_true", help="data-parallel device-count sweep instead")
   parser.add_argument("--sweep_devices", default="1,2,4,8,16,32,64")
   args = parser.parse_args(argv)
@@ -222,7 +244,7 @@ def main(argv: Optional[list] = None) -> None:
   dtype = tf.as_dtype(args.dtype)
   opt = not args.no_graph_optimizer
   print(f"load average before: {os.getloadavg()}; CPUs: {os.cpu_count()}; backend: {args.backend}; "
-        f"dtype: {args.dtype}; graph optimizer: {opt}")
+        f"dtype: {args.dtype}; graph optimizer: {opt}; masters: {args.masters}")
   if args.sweep:
     counts = [int(n) for n in args.sweep_devices.split(",")]
     num_cpus = max(counts)
@@ -230,7 +252,7 @@ def main(argv: Optional[list] = None) -> None:
     for n in counts:
       shape, layout = sweep_layout(n)
       cases.append(build_mtf(cfg, f"{n} devices ({shape}; {layout})", shape, layout, args.backend,
-                             num_cpus, dtype, dtype, opt, args.master_as_slice))
+                             num_cpus, dtype, dtype, opt, args.master_as_slice, args.masters))
   else:
     num_cpus = 8
     cases = [build_plain_tf(cfg, num_cpus, graph_optimizer=opt)]
@@ -239,7 +261,7 @@ def main(argv: Optional[list] = None) -> None:
     for name in args.layouts.split(","):
       shape, layout = LAYOUTS[name]
       cases.append(build_mtf(cfg, name, shape, layout, args.backend, num_cpus, dtype, dtype, opt,
-                             args.master_as_slice))
+                             args.master_as_slice, args.masters))
   run_interleaved(cases, args.reps, args.steps, args.warmup)
   print_step_table(cases, cases[0])
   print(f"\nload average after: {os.getloadavg()}")
