@@ -17,7 +17,7 @@ import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
 from benchmarks import _transformer_model as transformer
-from benchmarks.bench_transformer import needed_bytes_per_processor, variable_bytes_per_device
+from benchmarks.bench_transformer import needed_bytes_per_processor, ops_run_by, variable_bytes_per_device
 from mesh_tensorflow.collective_mesh_impl import Cluster, CollectiveMeshImpl
 from tests.harness import cpu_devices, session_config
 
@@ -134,11 +134,11 @@ def test_no_device_holds_more_variable_bytes_than_its_slices_need(mesh_shape, la
       assert sorted(per_device) == ["CPU:%d" % i for i in range(8)]
       for device, n in per_device.items():
         assert needed <= n <= 1.05 * needed, device
-      # What the program never runs is exactly the masters left in the graph, never initialised.
-      left = {op.name for op in tf_graph.get_operations() if op.type == "VarHandleOp"} - {
-          v.op.name for v in tf.global_variables()} - {s.op.name for lv in lowering.variables.values()
-                                                      for piece in lv._pieces for s in piece.slices}
-      assert left == set(transformer.initial_values(cfg))
+      # The variables the program never runs are exactly the masters left in the graph.
+      reached = ops_run_by(run)
+      never_run = {op.name for op in tf_graph.get_operations()
+                   if op.type == "VarHandleOp" and op not in reached}
+      assert never_run == set(transformer.initial_values(cfg))
 
 
 def test_bfloat16_slices_add_a_float32_shadow_of_each_checkpointed_slice():
