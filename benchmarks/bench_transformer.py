@@ -123,7 +123,8 @@ def build_plain_tf(cfg, num_cpus: int, dtype=tf.float32, graph_optimizer: bool =
 def _mesh_impl(backend: str, mesh_shape: str, layout: str, devices: list, master_as_slice: bool,
                masters: str):
   if backend == "placement":
-    return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices, master_as_slice, masters)
+    return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices, master_as_slice,
+                                                     masters=masters)
   from mesh_tensorflow.collective_mesh_impl import CollectiveMeshImpl
   return CollectiveMeshImpl(mesh_shape, layout, devices, masters=masters)
 

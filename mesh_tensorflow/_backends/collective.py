@@ -70,7 +70,7 @@ class CollectiveMeshImpl(PlacementMeshImpl):
 
   def __init__(self, shape, layout, devices: Optional[Sequence[str]] = None,
                cluster: Optional[Cluster] = None, timeout_seconds: Optional[float] = None,
-               in_process_fast_path: bool = True, trace_per_device: bool = False,
+               in_process_fast_path: bool = True, trace_per_device: bool = False, *,
                masters: str = "whole"):
     if devices is None:
       devices = default_devices(MeshImpl(shape, layout).size, cluster)

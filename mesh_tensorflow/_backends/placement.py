@@ -62,7 +62,7 @@ class PlacementMeshImpl(MeshImpl):
     lowering = mtf.Lowering(graph, {mesh: mesh_impl})
   """
 
-  def __init__(self, shape, layout, devices, master_as_slice: bool = False, masters: str = "whole"):
+  def __init__(self, shape, layout, devices, master_as_slice: bool = False, *, masters: str = "whole"):
     super().__init__(shape, layout)
     devices = list(devices)
     if len(devices) != self.size:

@@ -303,6 +303,6 @@ def test_masters_sliced_is_refused_across_processes_and_with_master_as_slice():
                                          "holds 4 of the mesh's 8"):
       CollectiveMeshImpl("all:8", "", cluster=cluster, masters="sliced")
   with pytest.raises(ValueError, match="master_as_slice=True applies to whole masters"):
-    mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "", ["", ""], True, "sliced")
+    mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "", ["", ""], True, masters="sliced")
   with pytest.raises(ValueError, match=r"masters='none'; expected one of \('whole', 'sliced'\)"):
     mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "", ["", ""], masters="none")
