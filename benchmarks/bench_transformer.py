@@ -4,12 +4,13 @@ The model (benchmarks/_transformer_model.py) is the performance issue's: 2 layer
 d_ff 1024, 4 heads, sequence 64, batch 16, vocabulary 1024, SGD, graph mode. Every case is built
 once (lowering time, first-step time and TF op count are recorded then); the step times of all
 cases are then measured interleaved, `--reps` times, and reported as medians and as ratios to
-plain TF on one device. Memory: the bytes of TF variables per device in the lowered graph against
-what the layout needs (each processor's slices of every variable, optimizer state included).
+plain TF on one device. Memory: the bytes of the TF variables the program runs with, per device,
+against what the layout needs (each processor's slices of every variable, optimizer state included).
 
     python benchmarks/bench_transformer.py [--reps 5] [--steps 10] [--backend placement|collective]
                                            [--dtype float32|bfloat16] [--no_graph_optimizer]
-                                           [--master_as_slice] [--sweep] [--sweep_devices 1,2,...]
+                                           [--master_as_slice] [--masters whole|sliced]
+                                           [--sweep] [--sweep_devices 1,2,...]
                                            [--jit_compile] [--no_fuse]
 """
 
@@ -120,7 +121,8 @@ def build_plain_tf(cfg, num_cpus: int, dtype=tf.float32, graph_optimizer: bool =
   return _start(case, [init])
 
 
-# Options of the backends' constructors (fuse_slicewise, jit_compile), set from the command line.
+# Options of the backends' constructors (masters, fuse_slicewise, jit_compile), set from the
+# command line.
 IMPL_OPTIONS = {}
 
 
@@ -132,10 +134,28 @@ def _mesh_impl(backend: str, mesh_shape: str, layout: str, devices: list, master
   return CollectiveMeshImpl(mesh_shape, layout, devices, **IMPL_OPTIONS)
 
 
-def variable_bytes_per_device(graph) -> dict:
-  """Device -> bytes of the TF variables placed there ("" counts as CPU:0, where TF puts it)."""
+def ops_run_by(fetches) -> set:
+  """The TF ops a session runs for `fetches` (tensors or ops): their inputs, transitively."""
+  todo = [f.op if isinstance(f, tf.Tensor) else f for f in fetches]
+  seen = set()
+  while todo:
+    op = todo.pop()
+    if op not in seen:
+      seen.add(op)
+      todo += [t.op for t in op.inputs] + list(op.control_inputs)
+  return seen
+
+
+def variable_bytes_per_device(graph, run=None) -> dict:
+  """Device -> bytes of the TF variables placed there ("" counts as CPU:0, where TF puts it).
+
+  With `run` (the fetches the program runs: initialisers, steps), only the variables those reach:
+  TF creates no others. (A variable that nothing run reaches, such as the never-initialised master
+  left in the graph by PlacementMeshImpl(masters="sliced"), holds no memory.)
+  """
   ret = {}
-  for op in graph.get_operations():
+  ops = graph.get_operations() if run is None else ops_run_by(run)
+  for op in ops:
     if op.type not in ("VarHandleOp", "VariableV2"):
       continue
     shape = tf.TensorShape(op.get_attr("shape"))
@@ -174,7 +194,7 @@ def build_mtf(cfg, name: str, mesh_shape: str, layout: str, backend: str, num_cp
                tf.group([lowering.lowered_operation(u) for u in updates])]
     build_s = time.perf_counter() - start
     init = [tf.global_variables_initializer(), lowering.copy_masters_to_slices()]
-  per_device = variable_bytes_per_device(graph)
+  per_device = variable_bytes_per_device(graph, init + fetches)
   case = Case(name, _session(graph, num_cpus, graph_optimizer), fetches, _feed(cfg, inputs_ph, targets_ph),
               build_s=build_s, num_ops=len(graph.get_operations()),
               max_device_bytes=max(per_device.values()),
@@ -219,6 +239,8 @@ def main(argv: Optional[list] = None) -> None:
                       help="skip TF's graph optimisation passes (grappler) at session start")
   parser.add_argument("--master_as_slice", action="store_true",
                       help="placement backend: masters of unsplit variables serve as a processor's slice")
+  parser.add_argument("--masters", choices=["whole", "sliced"], default="whole",
+                      help="sliced: no whole master variables; slices are checkpointed as parts")
   parser.add_argument("--jit_compile", action="store_true",
                       help="compile each device's fused program with XLA")
   parser.add_argument("--no_fuse", action="store_true",
@@ -228,7 +250,8 @@ def main(argv: Optional[list] = None) -> None:
   args = parser.parse_args(argv)
   tf.disable_v2_behavior()
   tf.logging.set_verbosity(tf.logging.ERROR)
-  IMPL_OPTIONS.update(jit_compile=args.jit_compile, fuse_slicewise=not args.no_fuse)
+  IMPL_OPTIONS.update(masters=args.masters, jit_compile=args.jit_compile,
+                      fuse_slicewise=not args.no_fuse)
   cfg = model.Config()
   dtype = tf.as_dtype(args.dtype)
   opt = not args.no_graph_optimizer

@@ -57,6 +57,10 @@ class CollectiveMeshImpl(PlacementMeshImpl):
     in_process_fast_path: False makes groups within this process use TF collective ops too.
     fuse_slicewise, jit_compile: as for PlacementMeshImpl (each local device calls one traced
       program per segment of slicewise computations).
+    masters: "whole" (default) or "sliced" (no whole master variables; see PlacementMeshImpl).
+      "sliced" needs every processor in this process: across processes each one holds only its
+      own slices, and one process (the chief) writes the checkpoint, which must hold every
+      variable whole; there the whole masters, gathered by every process, do that.
 
   Example:
     cluster = Cluster.from_tf_config()  # None when TF_CONFIG is unset
@@ -65,11 +69,11 @@ class CollectiveMeshImpl(PlacementMeshImpl):
 
   def __init__(self, shape, layout, devices: Optional[Sequence[str]] = None,
                cluster: Optional[Cluster] = None, timeout_seconds: Optional[float] = None,
-               in_process_fast_path: bool = True, fuse_slicewise: bool = True,
-               jit_compile: bool = False):
+               in_process_fast_path: bool = True, *, masters: str = "whole",
+               fuse_slicewise: bool = True, jit_compile: bool = False):
     if devices is None:
       devices = default_devices(MeshImpl(shape, layout).size, cluster)
-    super().__init__(shape, layout, list(devices), fuse_slicewise=fuse_slicewise,
+    super().__init__(shape, layout, list(devices), masters=masters, fuse_slicewise=fuse_slicewise,
                      jit_compile=jit_compile)
     self._all_devices = list(devices)
     self._cluster = cluster
@@ -86,6 +90,12 @@ class CollectiveMeshImpl(PlacementMeshImpl):
         raise ValueError(
             f"CollectiveMeshImpl: none of the devices {self._all_devices} belongs to this process "
             f"(task {cluster.task_index} of job {cluster.job!r}); give each task a block of devices.")
+    if masters == "sliced" and self.is_multi_process:
+      raise ValueError(
+          f"CollectiveMeshImpl: masters='sliced' needs every processor in one process, but this "
+          f"process holds {len(self._local_pnums)} of the mesh's {self.size}. Across processes use "
+          f"masters='whole' (the default): every process gathers whole masters, so the chief can "
+          f"write checkpoints holding every variable (docs/multi_process.md).")
     self._devices = [self._all_devices[p] for p in self._local_pnums]
     self._program = DeviceProgram(self._devices, jit_compile)
     if timeout_seconds is None:

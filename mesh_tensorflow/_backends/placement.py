@@ -17,18 +17,21 @@ and `benchmarks/bench_collectives.py` measure them):
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import tensorflow.compat.v1 as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from mesh_tensorflow._backends import ring_collectives, tf_collectives
 from mesh_tensorflow._backends.device_program import DeviceProgram
+from mesh_tensorflow._backends.sliced_variables import SlicedLaidOutVariable
 from mesh_tensorflow._core.layout import processor_groups
 from mesh_tensorflow._lowering import laid_out
 from mesh_tensorflow._lowering.lazy import convert_args_to_laid_out_tensors
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
 from mesh_tensorflow._lowering.tf_helpers import parallel, transpose_list_of_lists
 
+MASTERS = ("whole", "sliced")  # PlacementMeshImpl(masters=...)
 
 class PlacementMeshImpl(MeshImpl):
   """Mesh implementation for CPU/GPU device lists (one slice per device).
@@ -45,6 +48,12 @@ class PlacementMeshImpl(MeshImpl):
       uses the master itself as its slice, so that device holds one copy instead of two. Then
       the master must be changed only through copy_masters_to_slices (assigning it directly
       would change that processor's slice and not the others').
+    masters: "whole" (default): each variable has a whole master tf.Variable on its master device
+      (mesh.variable_placer_fn), which checkpoints hold, beside the slices. "sliced": no whole
+      master; the slices are checkpointed as parts of the whole variables (TF's SaveSliceInfo),
+      so no device holds more than its slices (`_backends/sliced_variables.py`,
+      docs/checkpoints.md). Checkpoints are the same in both modes; "whole" stays the default
+      because scripts may read or assign the masters as tf.Variables.
     fuse_slicewise: in graph mode, trace each slicewise computation once into a per-device
       program called on every device (`_backends/device_program.py`) instead of building its
       ops per device: the same results, a program and a lowering time that barely grow with the
@@ -52,7 +61,8 @@ class PlacementMeshImpl(MeshImpl):
     jit_compile: compile each fused per-device program with XLA.
 
   Raises:
-    ValueError: the number of devices differs from the number of processors.
+    ValueError: the number of devices differs from the number of processors, or an unknown
+      `masters`, or master_as_slice with masters="sliced".
 
   Example:
     mesh_impl = PlacementMeshImpl("rows:2;cols:4", "batch:rows", ["gpu:%d" % i for i in range(8)])
@@ -60,16 +70,24 @@ class PlacementMeshImpl(MeshImpl):
   """
 
   def __init__(self, shape, layout, devices, master_as_slice: bool = False, *,
-               fuse_slicewise: bool = True, jit_compile: bool = False):
+               masters: str = "whole", fuse_slicewise: bool = True, jit_compile: bool = False):
     super().__init__(shape, layout)
     devices = list(devices)
     if len(devices) != self.size:
       raise ValueError(
           f"PlacementMeshImpl: mesh {self.shape} has {self.size} processors but {len(devices)} "
           f"devices were given ({devices}); pass exactly one device string per processor.")
+    if masters not in MASTERS:
+      raise ValueError(f"PlacementMeshImpl: masters={masters!r}; expected one of {MASTERS}.")
+    if masters == "sliced" and master_as_slice:
+      raise ValueError("PlacementMeshImpl: master_as_slice=True applies to whole masters; "
+                       "masters='sliced' keeps no master to use as a slice. Pass one of them.")
     self._devices = devices
     self._cpus_of_one_process = cpus_of_one_process(devices)
     self.master_as_slice = master_as_slice
+    self._masters = masters
+    if masters == "sliced":
+      self.LaidOutVariable = SlicedLaidOutVariable  # what Variable.lower builds, for this mesh
     self._fuse_slicewise = fuse_slicewise
     self._jit_compile = jit_compile
     self._program = DeviceProgram(devices, jit_compile)
@@ -99,7 +117,7 @@ class PlacementMeshImpl(MeshImpl):
       self._slice_is_master = mesh_impl.size == 1 and master_pnum == 0
       if self._slice_is_master:
         self._slices = [variable.get_master()]
-        self._copy_master_to_slices_fn = self._copy_slices_to_master_fn = lambda: tf.group([])
+        copies = (tf.no_op, tf.no_op)
       else:
         self._slices = []
         # A second lowering of the same graph (in the same TF graph) reuses the slices.
@@ -112,14 +130,9 @@ class PlacementMeshImpl(MeshImpl):
               self._slices.append(tf.get_variable(
                   variable.name + "_slice_%d" % pnum, slice_shape, dtype=variable.slice_dtype,
                   collections=[], initializer=tf.zeros_initializer(), use_resource=True))
-        self._copy_master_to_slices_fn = lambda: self._assign_master_to_slices(shape)
-        self._copy_slices_to_master_fn = lambda: variable.assign_to_master(mesh_impl.combine_slices(
-            [tf.cast(s, variable.master_dtype) for s in self._slices], shape, device=master_device))
-      # Graph mode builds both copy ops once; eager mode runs the first copy now (it initialises
-      # the slices) and each later copy when it is asked for.
-      self._copy_master_to_slices = mesh_impl.register_copy_master_to_slices(
-          self._copy_master_to_slices_fn)
-      self._copy_slices_to_master = None if tf.executing_eagerly() else self._copy_slices_to_master_fn()
+        copies = (functools.partial(self._assign_master_to_slices, shape),
+                  functools.partial(self._combine_slices_into_master, shape, master_device))
+      self._build_copies(mesh_impl, *copies)
       self._reads = self.read().tensor_list
       self._laid_out_tensor = mesh_impl.LaidOutTensor(self._reads)
 
@@ -128,6 +141,11 @@ class PlacementMeshImpl(MeshImpl):
       return self._assign(
           lambda variable, slice_var, value: tf.assign(slice_var, tf.cast(value, variable.slice_dtype)),
           parts, after_reads=False)
+
+    def _combine_slices_into_master(self, master_shape, master_device):
+      variable = self._variable
+      return variable.assign_to_master(self._mesh_impl.combine_slices(
+          [tf.cast(s, variable.master_dtype) for s in self._slices], master_shape, device=master_device))
 
     def read(self):
       """A fresh read of every slice (ReadVariable uses it to see values assigned earlier)."""
@@ -154,26 +172,17 @@ class PlacementMeshImpl(MeshImpl):
                                  [self._variable] * len(self._slices), self._slices, list(values)))
 
     @property
-    def copy_master_to_slices(self):
-      """The copy op built at lowering; in eager mode, the copy itself, run now."""
-      if tf.executing_eagerly():
-        return self._copy_master_to_slices_fn()
-      return self._copy_master_to_slices
-
-    @property
-    def copy_slices_to_master(self):
-      """The copy op built at lowering; in eager mode, the copy itself, run now."""
-      if tf.executing_eagerly():
-        return self._copy_slices_to_master_fn()
-      return self._copy_slices_to_master
-
-    @property
     def slice_is_master(self):
       return self._slice_is_master
 
   @property
   def devices(self):
     return self._devices
+
+  @property
+  def masters(self) -> str:
+    """"whole" (a master tf.Variable per variable) or "sliced" (checkpointed slices, no master)."""
+    return self._masters
 
   def fusing(self):
     """While a Lowering runs: slicewise computations go into the per-device program."""

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
+import tensorflow.compat.v1 as tf
+
 
 class LaidOutTensor:
   """A list of TF tensors, one per slice this program holds (all of them, or only its own).
@@ -79,9 +83,18 @@ class LaidOutTensor:
 class LaidOutVariable:
   """What backends' laid-out variables share: their slices, and the copy ops built at lowering.
 
-  A subclass sets `_laid_out_tensor`, `_copy_master_to_slices` and `_copy_slices_to_master`, and
-  defines `assign_to_slices`.
+  A subclass sets `_laid_out_tensor`, defines `assign_to_slices`, and either sets the copy ops
+  `_copy_master_to_slices` and `_copy_slices_to_master` or has `_build_copies` build them.
   """
+
+  _copy_fns: Optional[tuple] = None  # (to slices, to master) builders, for eager mode
+
+  def _build_copies(self, mesh_impl, to_slices: Callable, to_master: Callable) -> None:
+    """Graph mode builds both copy ops now; eager mode runs the first copy now (it initialises the
+    slices) and each later copy when it is asked for."""
+    self._copy_fns = (to_slices, to_master)
+    self._copy_master_to_slices = mesh_impl.register_copy_master_to_slices(to_slices)
+    self._copy_slices_to_master = None if tf.executing_eagerly() else to_master()
 
   def read(self) -> LaidOutTensor:
     """The slices as they are now (a fresh read for ReadVariable)."""
@@ -93,10 +106,16 @@ class LaidOutVariable:
 
   @property
   def copy_master_to_slices(self):
+    """The copy op built at lowering; in eager mode (with _build_copies), the copy itself, run now."""
+    if self._copy_fns and tf.executing_eagerly():
+      return self._copy_fns[0]()
     return self._copy_master_to_slices
 
   @property
   def copy_slices_to_master(self):
+    """The copy op built at lowering; in eager mode (with _build_copies), the copy itself, run now."""
+    if self._copy_fns and tf.executing_eagerly():
+      return self._copy_fns[1]()
     return self._copy_slices_to_master
 
 

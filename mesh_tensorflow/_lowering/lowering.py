@@ -145,7 +145,8 @@ class Lowering:
     Run it after the masters are initialised or restored (saver.restore), before the first
     step; mtf.MtfRestoreHook does it for MonitoredTrainingSession. In eager mode it runs at once.
     With MTF_SEQUENCE_MODE=1 the backends chain the copies (each waits for the previous one, to
-    bound host memory), so the last copy stands for all of them.
+    bound host memory), so the last copy stands for all of them. Without whole masters
+    (`PlacementMeshImpl(masters="sliced")`) it copies each checkpointed slice to its replicas.
     """
     return self._copies[0] if self._copies else self._build_copy_masters_to_slices()
 
@@ -153,6 +154,8 @@ class Lowering:
     """One op copying every variable's slices into its master: run it before saving a checkpoint.
 
     In eager mode the copies run at once. Graph mode returns the op built during lowering.
+    Without whole masters (`PlacementMeshImpl(masters="sliced")`) only float32 shadows of
+    other-dtype slices are filled.
     """
     return self._copies[1] if self._copies else self._build_copy_slices_to_masters()
 

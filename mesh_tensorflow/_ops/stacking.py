@@ -31,8 +31,7 @@ class StackedVariable(variable_ops.Variable):
   is_stacked = True  # backends must never use get_master() (a tf.stack) as the slice variable
 
   def __init__(self, vs: list):
-    self._masters = [v.get_master() for v in vs]
-    self._original_names = [v.name for v in vs]
+    self._originals = list(vs)
     shape = Shape([Dimension("stacked", len(vs))] + vs[0].shape.dims)
     super().__init__(vs[0].mesh, "stacked/" + vs[0].name, shape, vs[0].dtype, None, vs[0].trainable)
 
@@ -40,19 +39,24 @@ class StackedVariable(variable_ops.Variable):
     self._name = name
 
   @property
+  def originals(self) -> list:
+    """The stacked mtf Variables, in stacking order (they own the masters and checkpoint names)."""
+    return list(self._originals)
+
+  @property
   def original_names(self) -> list:
-    return self._original_names
+    return [v.name for v in self._originals]
 
   @property
   def master_device(self) -> str:
-    return self._masters[0].device
+    return self._originals[0].master_device
 
   def get_master(self):
     with tf.device(self.master_device):
-      return tf.stack(self._masters)
+      return tf.stack([v.get_master() for v in self._originals])
 
   def assign_to_master(self, val):
-    return tf.group([tf.assign(master, piece) for master, piece in zip(self._masters, tf.unstack(val))])
+    return tf.group([v.assign_to_master(piece) for v, piece in zip(self._originals, tf.unstack(val))])
 
 
 def rewrite_stack_variables(graph, max_combined_variable_size: Optional[int] = 2 ** 29,

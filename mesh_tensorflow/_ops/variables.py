@@ -63,6 +63,7 @@ class Variable(Operation):
     _check_initializer_size(name, shape, initializer)
     self._variable_dtype = dtype
     self._trainable = trainable
+    self._master_holder = None  # set by a backend that keeps no whole master (replace_master)
     self._create_master(mesh, name, shape, initializer, trainable, **kwargs)
     self._outputs = [Tensor(self, shape, dtype.activation_dtype)]
     self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
@@ -77,6 +78,7 @@ class Variable(Operation):
     with tf.device(mesh.variable_placer_fn), outside_all_rewrites():
       self._master = tf.get_variable(name, shape.to_integer_list, dtype=self.master_dtype,
                                      initializer=initializer, trainable=trainable, **kwargs)
+    self._master_device = self._master.device
     self._name = self._master.name[:self._master.name.find(":")]
 
   def __repr__(self):
@@ -125,13 +127,37 @@ class Variable(Operation):
 
   @property
   def master_device(self) -> str:
-    return self._master.device
+    """The device the master variable was created on (by mesh.variable_placer_fn)."""
+    return self._master_device
 
   def get_master(self):
+    """The whole variable in master_dtype: the master tf.Variable, which classic checkpoints hold.
+
+    After a lowering that keeps no whole master (`PlacementMeshImpl(masters="sliced")`), a
+    tf.Tensor instead: the whole value assembled from the slices that checkpoints hold. Read it;
+    change it with assign_to_master.
+    """
+    if self._master_holder is not None:
+      return self._master_holder.master_value()
     return self._master
 
   def assign_to_master(self, val):
+    """An op assigning the whole value `val` to the master (sliced masters: to every slice)."""
+    if self._master_holder is not None:
+      return self._master_holder.assign_master(val)
     return tf.assign(self._master, val)
+
+  def replace_master(self, holder):
+    """For a backend that keeps no whole master: `holder` holds the variable from now on.
+
+    get_master() then returns `holder.master_value()` and assign_to_master(val) returns
+    `holder.assign_master(val)`. Returns the master tf.Variable created with this Variable, for the
+    backend to retire (None if an earlier lowering replaced it); this Variable drops it, so an eager
+    master's memory is freed.
+    """
+    master, self._master = self._master, None
+    self._master_holder = holder
+    return master
 
 
 def _check_initializer_size(name: str, shape: Shape, initializer) -> None:

@@ -190,7 +190,7 @@ def _batches():
 
 def _placement_losses(model, config, batches):
   """Losses of the CPU path's graph (model_fn.build_model_graph on PlacementMeshImpl); saves the
-  initial masters as model.ckpt-0 and returns (losses, master variable names)."""
+  initial variables as model.ckpt-0 and returns (losses, the names that checkpoint holds)."""
   with tf.Graph().as_default():
     tf.set_random_seed(loop.GRAPH_SEED)
     features = {"targets": tf.placeholder(tf.int32, [BATCH, LENGTH])}
@@ -200,10 +200,9 @@ def _placement_losses(model, config, batches):
                                        optimizer=config.optimizer,
                                        learning_rate=_schedule(global_step))
     manager = checkpoints.CheckpointManager(config.model_dir, tf.global_variables())
-    names = sorted(v.op.name for v in tf.global_variables())
     with tf.Session(config=session_config()) as session:
       loop.initialize_and_restore(session, built.lowering, None)
-      manager.save(session, 0)
+      names = sorted(tf.train.load_checkpoint(manager.save(session, 0)).get_variable_to_shape_map())
       losses = [session.run([built.outputs["loss"], built.train_op],
                             {features["targets"]: b["targets"]})[0] for b in batches]
   return losses, names

@@ -1,8 +1,10 @@
 """Checkpoints in `model_dir`: crash-safe saves of whole master variables, checked restores.
 
 A checkpoint is `model_dir/model.ckpt-<step>.{index,data-*}` written by a plain `tf.train.Saver`
-over the master variables (plus the global step), so `tf.train.load_checkpoint` reads it and a
-checkpoint written under one mesh restores under any other. A save is atomic:
+over the global variables: whole master variables, or slices saved as parts of whole variables
+(SaveSliceInfo, `PlacementMeshImpl(masters="sliced")`), plus the global step. Either way it holds
+each variable whole, so `tf.train.load_checkpoint` reads it and a checkpoint written under one mesh
+restores under any other. A save is atomic:
 
 1. the Saver writes to `model_dir/.tmp-model.ckpt-<step>.*` (never listed as a checkpoint);
 2. the data files, then the index, are renamed to their final names (`os.replace` is atomic);
@@ -76,12 +78,27 @@ def remove_partial_saves(model_dir: str) -> list:
   return leftovers
 
 
-def _check_shape(path: str, checkpoint_shapes: dict, checkpoint_name: str, var) -> None:
-  model_shape, saved_shape = var.shape.as_list(), list(checkpoint_shapes[checkpoint_name])
+def _saved_variables(variables: Sequence) -> dict:
+  """{name the checkpoint holds: (whole shape, [the tf.Variables saved under it])}.
+
+  A variable is saved under its op name, or, with a SaveSliceInfo, as a part of the whole variable
+  that info names.
+  """
+  ret = {}
+  for var in variables:
+    info = getattr(var, "_save_slice_info", None)
+    name, shape = (info.full_name, info.full_shape) if info else (var.op.name, var.shape.as_list())
+    ret.setdefault(name, (list(shape), []))[1].append(var)
+  return ret
+
+
+def _check_shape(path: str, checkpoint_shapes: dict, checkpoint_name: str, model_name: str,
+                 model_shape: list) -> None:
+  saved_shape = list(checkpoint_shapes[checkpoint_name])
   if saved_shape != model_shape:
     raise CheckpointMismatchError(
         f"Checkpoint {path} holds variable {checkpoint_name!r} with shape {saved_shape}, but the "
-        f"model's {var.op.name!r} has shape {model_shape}. The checkpoint is from a different "
+        f"model's {model_name!r} has shape {model_shape}. The checkpoint is from a different "
         f"model: use another model_dir, or the gin configuration that wrote it.")
 
 
@@ -92,10 +109,11 @@ def check_checkpoint_matches(path: str, variables: Sequence) -> None:
   naming the variables the checkpoint lacks.
   """
   shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-  missing = [v.op.name for v in variables if v.op.name not in shapes]
-  for var in variables:
-    if var.op.name in shapes:
-      _check_shape(path, shapes, var.op.name, var)
+  saved = _saved_variables(variables)
+  missing = [name for name in saved if name not in shapes]
+  for name, (shape, _) in saved.items():
+    if name in shapes:
+      _check_shape(path, shapes, name, name, shape)
   if missing:
     raise CheckpointMismatchError(
         f"Checkpoint {path} lacks {len(missing)} of the model's variables, e.g. {missing[:3]}. It was "
@@ -130,8 +148,8 @@ class CheckpointManager:
 
   Args:
     model_dir: directory of the checkpoints and their `checkpoint` state file.
-    variables: the tf.Variables to save (use `tf.global_variables()`: masters are global, the
-      per-device slices are not).
+    variables: the tf.Variables to save (use `tf.global_variables()`: the masters, or the slices
+      saved as their parts, are global; the other per-device slices are not).
     keep_checkpoint_max: keep this many newest checkpoints (None or 0: keep all).
     before_save: a TF op run before every save (the lowering's copy_slices_to_masters).
   """
@@ -182,12 +200,13 @@ def restore_available(session, path: str, variables: Sequence,
   This is how `init_checkpoint` warm-starts a model from another one. Returns the restored ones.
   """
   shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-  mapping = {}
-  for var in variables:
-    name = checkpoint_name(var.op.name)
-    if should_load(var.op.name) and name in shapes:
-      _check_shape(path, shapes, name, var)
-      mapping[name] = var
+  mapping, restored = {}, []
+  for model_name, (shape, saved) in _saved_variables(variables).items():
+    name = checkpoint_name(model_name)
+    if should_load(model_name) and name in shapes:
+      _check_shape(path, shapes, name, model_name, shape)
+      mapping[name] = saved if getattr(saved[0], "_save_slice_info", None) else saved[0]
+      restored += saved
   if mapping:
     tf.train.Saver(mapping).restore(session, path)
-  return list(mapping.values())
+  return restored

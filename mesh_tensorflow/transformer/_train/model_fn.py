@@ -3,8 +3,8 @@
 `build_model_graph` does what upstream's `tpu_estimator_model_fn` did for one mode: imports the
 features with dims `batch` and `length`, calls the Transformer's `call_simple` (or its decoder),
 and lowers the graph. Training adds `mtf.gradients`, the optimizer's updates and a global-step
-increment. The mesh implementation is `PlacementMeshImpl` over `mesh_devices` on CPUs/GPUs and
-`SimdMeshImpl` on TPUs.
+increment. The mesh implementation is `PlacementMeshImpl` over `mesh_devices` on CPUs/GPUs (with
+sliced masters: no device holds more variable bytes than its slices) and `SimdMeshImpl` on TPUs.
 """
 
 from __future__ import annotations
@@ -45,13 +45,18 @@ def mesh_devices_or_default(mesh_shape, mesh_devices: Optional[Sequence[str]]) -
 
 
 def make_mesh_impl(mesh_shape, layout_rules, mesh_devices: Optional[Sequence[str]] = None,
-                   device_assignment=None, logical_to_physical=None):
-  """PlacementMeshImpl on CPUs/GPUs; SimdMeshImpl when a TPU device_assignment is given."""
+                   device_assignment=None, logical_to_physical=None, masters: str = "sliced"):
+  """PlacementMeshImpl on CPUs/GPUs; SimdMeshImpl when a TPU device_assignment is given.
+
+  On CPUs/GPUs the variables have no whole masters by default (`masters="sliced"`): their slices
+  are checkpointed as parts of the whole variables, so checkpoints are the same as with whole
+  masters ("whole") and no device holds a copy of every variable.
+  """
   if device_assignment is not None:
     return mtf.simd_mesh_impl.SimdMeshImpl(mesh_shape, layout_rules, device_assignment=device_assignment,
                                            logical_to_physical=logical_to_physical)
   return mtf.placement_mesh_impl.PlacementMeshImpl(
-      mesh_shape, layout_rules, mesh_devices_or_default(mesh_shape, mesh_devices))
+      mesh_shape, layout_rules, mesh_devices_or_default(mesh_shape, mesh_devices), masters=masters)
 
 
 def session_config(mesh_devices: Optional[Sequence[str]]) -> tf.ConfigProto:

@@ -1,0 +1,218 @@
+"""Variables without a whole master: `PlacementMeshImpl(..., masters="sliced")`.
+
+With the default `masters="whole"`, every mtf variable has a whole master tf.Variable on the
+master device, which checkpoints hold, beside one slice variable per processor. With
+`masters="sliced"` the slices are the variable. Of the processors holding the same slice, one
+(chosen by the variable's name, so replicated variables spread over their holders) holds the
+slice's *part*: the tf.Variable checkpointed as a part of the whole variable with TF's
+`SaveSliceInfo`, as partitioned variables are. `tf.train.Saver` therefore writes and reads every
+variable whole, under its usual name, shape and dtype, and a checkpoint restores under any layout
+and in either mode.
+
+* The parts take the master's place in its collections (GLOBAL_VARIABLES, TRAINABLE_VARIABLES,
+  ...), so savers and initialisers built after the lowering see them; the master tf.Variable made
+  with the mtf Variable is never initialised (it holds no memory; an eager one is dropped).
+* A part is initialised with its slice of the whole initial value: the same values as the master
+  would have (the initializer runs once, whole, during initialisation).
+* A slice of another dtype than the master's (bfloat16 slices of a float32 variable) has a part
+  of the master's dtype beside it, a *shadow* (4 bytes per element of its slice, on that
+  processor's device), so checkpoints keep the master dtype.
+* `copy_master_to_slices` copies each part into the other slices equal to it (after initialising
+  or restoring, as with whole masters); `copy_slices_to_master` copies slices into their shadows
+  (nothing to do without shadows: the parts are slices that training updates).
+* `Variable.get_master()` is then the whole value assembled from the parts (a tf.Tensor), and
+  `assign_to_master(value)` writes `value` into every slice and part.
+* A StackedVariable (autostack) has separate slices and parts per stacked variable, read as one
+  stacked tensor and assigned through an unstack, so checkpoints keep the stacked names.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import tensorflow.compat.v1 as tf
+from tensorflow.python.ops import variables as tf_variables
+from tensorflow.python.training.saving import saveable_object_util
+
+from mesh_tensorflow._lowering import laid_out
+
+
+class SlicedLaidOutVariable(laid_out.LaidOutVariable):
+  """One slice variable per processor and no whole master; parts of them are checkpointed."""
+
+  def __init__(self, variable, mesh_impl):
+    self._variable = variable
+    self._mesh_impl = mesh_impl
+    originals = getattr(variable, "originals", None)
+    self._stacked = originals is not None
+    if self._stacked and mesh_impl.slice_shape(variable.shape)[0] != len(originals):
+      raise ValueError(f"Variable {variable.name!r}: masters='sliced' cannot split the 'stacked' "
+                       f"dimension of stacked variables; remove the layout rule splitting it.")
+    # A second lowering of the same graph (in the same TF graph) reuses the slices and parts.
+    with tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE):
+      self._pieces = [_SlicedVariable(v, mesh_impl) for v in originals or [variable]]
+    self._build_copies(mesh_impl, self._copy_parts_to_slices, self._copy_slices_to_parts)
+    self._reads = self.read().tensor_list
+    self._laid_out_tensor = mesh_impl.LaidOutTensor(self._reads)
+
+  @property
+  def slice_is_master(self) -> bool:
+    return False
+
+  @property
+  def saveables(self) -> dict:
+    """{checkpoint name: its parts as SaveableObjects}: a var_list for a tf.compat.v1 Saver in
+    eager mode, where there are no collections and a Saver cannot take sliced variables."""
+    return {piece.name: [saveable_object_util.ResourceVariableSaveable(
+        part, part._save_slice_info.spec, piece.name) for part in piece.parts.values()]  # pylint: disable=protected-access
+            for piece in self._pieces}
+
+  def read(self):
+    """A fresh read of every slice (stacked variables: the stack of their pieces' slices)."""
+    reads = []
+    for pnum, device in enumerate(self._mesh_impl.devices):
+      with tf.device(device):
+        pieces = [piece.slices[pnum].read_value() for piece in self._pieces]
+        reads.append(tf.stack(pieces) if self._stacked else pieces[0])
+    return self._mesh_impl.LaidOutTensor(reads)
+
+  def assign_to_slices(self, assign_fn, values):
+    """tf.group of assign_fn(mtf_variable, slice_variable, value) per processor (and piece).
+
+    In graph mode the assignments wait for this step's reads of the slices.
+    """
+    ops = []
+    with tf.control_dependencies(None if tf.executing_eagerly() else self._reads):
+      for pnum, (device, value) in enumerate(zip(self._mesh_impl.devices,
+                                                 getattr(values, "tensor_list", values))):
+        with tf.device(device):
+          pieces = tf.unstack(value) if self._stacked else [value]
+          ops += [assign_fn(self._variable, piece.slices[pnum], v) for piece, v in zip(self._pieces, pieces)]
+    return tf.group(ops)
+
+  def _copy_parts_to_slices(self):
+    return tf.group([piece.copy_parts_to_slices() for piece in self._pieces])
+
+  def _copy_slices_to_parts(self):
+    return tf.group([piece.copy_slices_to_shadows() for piece in self._pieces])
+
+
+class _SlicedVariable:
+  """One checkpointed variable's slices and parts: the holder its mtf Variable's master is.
+
+  Args:
+    variable: an mtf Variable (not stacked), whose master tf.Variable this replaces.
+    mesh_impl: the PlacementMeshImpl it is lowered on.
+  """
+
+  def __init__(self, variable, mesh_impl):
+    self._variable = variable
+    self._mesh_impl = mesh_impl
+    self.name = variable.name  # the checkpoint name
+    shape = variable.shape
+    slice_shape = mesh_impl.slice_shape(shape)
+    devices = mesh_impl.devices
+    holders = {}  # slice_begin -> processors holding that slice
+    for pnum in range(len(devices)):
+      holders.setdefault(tuple(mesh_impl.slice_begin(shape, pnum)), []).append(pnum)
+    pick = zlib.crc32(variable.name.encode())
+    part_pnums = {begin: pnums[pick % len(pnums)] for begin, pnums in holders.items()}
+    self._part_pnum = {p: part_pnums[begin] for begin, pnums in holders.items() for p in pnums}
+    self._has_shadows = has_shadows = variable.slice_dtype != variable.master_dtype
+    initial_parts = _InitialParts(variable, mesh_impl)
+
+    def new_variable(name, pnum, dtype, initialised):
+      with tf.device(devices[pnum]):
+        return tf.get_variable(
+            name, slice_shape, dtype=dtype, collections=[], trainable=False, use_resource=True,
+            initializer=initial_parts.initializer(pnum) if initialised else tf.zeros_initializer())
+
+    self.slices = [new_variable("%s_slice_%d" % (variable.name, pnum), pnum, variable.slice_dtype,
+                                not has_shadows and self._part_pnum[pnum] == pnum)
+                   for pnum in range(len(devices))]
+    self.parts = {}  # pnum -> the part (checkpointed tf.Variable) of its slice
+    for begin, pnum in part_pnums.items():
+      part = (new_variable("%s_part_%d" % (variable.name, pnum), pnum, variable.master_dtype, True)
+              if has_shadows else self.slices[pnum])
+      part._set_save_slice_info(tf_variables.Variable.SaveSliceInfo(  # pylint: disable=protected-access
+          variable.name, shape.to_integer_list, list(begin), slice_shape))
+      self.parts[pnum] = part
+    master = variable.replace_master(self)
+    if master is not None and not tf.executing_eagerly():
+      _replace_in_collections(master, list(self.parts.values()))
+
+  def copy_parts_to_slices(self):
+    """Each slice takes the value of its part (if it is not the part itself)."""
+    ops = []
+    for pnum, (device, slice_var) in enumerate(zip(self._mesh_impl.devices, self.slices)):
+      part = self.parts[self._part_pnum[pnum]]
+      if part is not slice_var:
+        with tf.device(device):
+          ops.append(slice_var.assign(tf.cast(part.read_value(), slice_var.dtype), read_value=False))
+    return tf.group(ops)
+
+  def copy_slices_to_shadows(self):
+    """Each shadow takes the value of its processor's slice (nothing without shadows)."""
+    if not self._has_shadows:
+      return tf.no_op()
+    ops = []
+    for pnum, part in self.parts.items():
+      with tf.device(self._mesh_impl.devices[pnum]):
+        ops.append(part.assign(tf.cast(self.slices[pnum].read_value(), part.dtype), read_value=False))
+    return tf.group(ops)
+
+  def master_value(self):
+    """The whole value in master_dtype, assembled from the parts (what a save now would write)."""
+    reads = {}
+    for pnum, part in self.parts.items():
+      with tf.device(self._mesh_impl.devices[pnum]):
+        reads[pnum] = tf.cast(part.read_value(), self._variable.master_dtype)
+    every = [reads[self._part_pnum[pnum]] for pnum in range(len(self.slices))]
+    return self._mesh_impl.combine_slices(every, self._variable.shape)
+
+  def assign_master(self, value):
+    """Writes the whole `value` into every slice and every part."""
+    per_pnum = self._mesh_impl.master_parts(tf.convert_to_tensor(value), self._variable.shape)
+    targets = list(enumerate(self.slices)) + (list(self.parts.items()) if self._has_shadows else [])
+    ops = []
+    for pnum, target in targets:
+      with tf.device(self._mesh_impl.devices[pnum]):
+        ops.append(target.assign(tf.cast(per_pnum[pnum], target.dtype), read_value=False))
+    return tf.group(ops)
+
+
+class _InitialParts:
+  """Per processor, its slice of the variable's whole initial value, computed once when asked for.
+
+  Graph mode: the initial value of the master tf.Variable made with the mtf Variable (its
+  initializer, seeded as it was then); eager mode: that master's value (or the whole value of an
+  earlier lowering's slices).
+  """
+
+  def __init__(self, variable, mesh_impl):
+    self._variable = variable
+    self._mesh_impl = mesh_impl
+    self._parts = None
+
+  def initializer(self, pnum: int):
+    def init(*args, **kwargs):
+      del args, kwargs  # the shape and dtype are the part's
+      return self._slices()[pnum]
+    return init
+
+  def _slices(self) -> list:
+    if self._parts is None:
+      master = self._variable.get_master()
+      if isinstance(master, tf_variables.Variable):
+        master = master.read_value() if tf.executing_eagerly() else master.initial_value
+      self._parts = self._mesh_impl.master_parts(master, self._variable.shape)
+    return self._parts
+
+
+def _replace_in_collections(master, parts: list) -> None:
+  """Puts `parts` in the master's place in every collection of its graph that holds it."""
+  graph = master.graph
+  for key in graph.get_all_collection_keys():
+    members = graph.get_collection_ref(key)
+    if any(m is master for m in members):
+      members[:] = [p for m in members for p in (parts if m is master else [m])]
