@@ -119,17 +119,10 @@ class PlacementMeshImpl(MeshImpl):
         self._slices = [variable.get_master()]
         copies = (tf.no_op, tf.no_op)
       else:
-        self._slices = []
-        # A second lowering of the same graph (in the same TF graph) reuses the slices.
-        with tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE):
-          for pnum, device in enumerate(mesh_impl.devices):
-            if pnum == master_pnum:
-              self._slices.append(variable.get_master())
-              continue
-            with tf.device(device):
-              self._slices.append(tf.get_variable(
-                  variable.name + "_slice_%d" % pnum, slice_shape, dtype=variable.slice_dtype,
-                  collections=[], initializer=tf.zeros_initializer(), use_resource=True))
+        self._slices = [
+            variable.get_master() if pnum == master_pnum else laid_out.slice_variable(
+                variable.name + "_slice_%d" % pnum, slice_shape, variable.slice_dtype, device)
+            for pnum, device in enumerate(mesh_impl.devices)]
         copies = (functools.partial(self._assign_master_to_slices, shape),
                   functools.partial(self._combine_slices_into_master, shape, master_device))
       self._build_copies(mesh_impl, *copies)

@@ -122,10 +122,12 @@ class _SlicedVariable:
     initial_parts = _InitialParts(variable, mesh_impl)
 
     def new_variable(name, pnum, dtype, initialised):
+      if not initialised:  # a replica: copy_masters_to_slices gives it its part's value
+        return laid_out.slice_variable(name, slice_shape, dtype, devices[pnum])
       with tf.device(devices[pnum]):
         return tf.get_variable(
             name, slice_shape, dtype=dtype, collections=[], trainable=False, use_resource=True,
-            initializer=initial_parts.initializer(pnum) if initialised else tf.zeros_initializer())
+            initializer=initial_parts.initializer(pnum))
 
     self.slices = [new_variable("%s_slice_%d" % (variable.name, pnum), pnum, variable.slice_dtype,
                                 not has_shadows and self._part_pnum[pnum] == pnum)
