@@ -1,4 +1,4 @@
-"""Alltoall, shifts and halo exchanges on CollectiveMeshImpl, in 1 process x 8 devices or N processes.
+"""Collectives and halo exchanges on CollectiveMeshImpl, in 1 process x 8 devices or N processes.
 
 Run under `python -m mesh_tensorflow.launch` (each task writes its processors' results to
 <out>/rank<R>.npz); tests call `run_cases()` in their own process for the 1 x 8 reference. The
@@ -82,7 +82,9 @@ def build_cases(cluster=None) -> dict:
     impl = CollectiveMeshImpl(mesh_shape, "", devices, cluster)
     x = laid_out_input(impl)
     results = {}
+    results["allreduce MAX all axes"] = impl.allreduce(x, list(range(impl.ndims)), "MAX")
     for axis in range(impl.ndims):
+      results[f"allreduce SUM axis {axis}"] = impl.allreduce(x, [axis], "SUM")
       results[f"alltoall axis {axis}"] = impl.alltoall(x, axis, 1, 0)
       results[f"allconcat axis {axis}"] = impl.allconcat(x, axis, 1)
       for offset, wrap in SHIFTS:

@@ -1,4 +1,4 @@
-"""Alltoall, shifts and halo exchanges between processes: equal to one process, and only the needed bytes.
+"""Collectives and halo exchanges between processes: equal to one process, and only the needed bytes.
 
 The equality tests start the tasks with the launcher on loopback (it stops them all when one
 fails; subprocess timeouts bound every test). The op tests build one task's graph of a two-task
@@ -36,7 +36,7 @@ def _launch(num_processes, devices_per_process, *script_args, timeout=150):
 
 
 @pytest.mark.parametrize("num_processes,devices_per_process", [(2, 4), (4, 2)])
-def test_alltoall_shift_and_halo_exchange_between_processes_equal_one_process(
+def test_allreduce_alltoall_shift_and_halo_exchange_between_processes_equal_one_process(
     tmp_path, num_processes, devices_per_process):
   result = _launch(num_processes, devices_per_process, "--out", str(tmp_path))
   assert result.returncode == 0, result.stdout[-4000:]
@@ -113,3 +113,14 @@ def test_shift_between_processes_sends_each_slice_only_where_it_is_needed(offset
   for op in sends + receives:  # a group of two: the source and the destination
     group_size = op.inputs[0 if op.type == "CollectiveBcastRecvV2" else 1]
     assert tf.get_static_value(group_size) == 2
+
+
+@pytest.mark.parametrize("mesh_shape,axes,members_here", [
+    ("all:8", [0], 4), ("b:2;m:4", [0], 1), ("m:4;b:2", [0], 2), ("m:4;b:2", [0, 1], 4)])
+def test_allreduce_between_processes_is_one_collective_per_process(mesh_shape, axes, members_here):
+  ops, impl = _ops_built(mesh_shape, 0, 4, lambda impl, x: impl.allreduce(x, axes, "SUM"))
+  groups = len(impl.local_pnums) // members_here
+  kernels = _of_type(ops, "CollectiveReduceV2")
+  assert len(kernels) == groups  # this process's members' sum, one per group
+  assert all(tf.get_static_value(op.inputs[1]) == 2 for op in kernels)  # a group of the 2 processes
+  assert len(_of_type(ops, "AddN")) == (groups if members_here > 1 else 0)
