@@ -118,8 +118,9 @@ def allreduce(xs: list, devices: list, reduction_fn_string: str,
   With `in_process_fast_path` (the default), this process reduces its own members' tensors on its
   first member's device, and when other processes hold members, one `CollectiveReduceV2` per
   process (a group of each process's first member) combines those partial results, which are then
-  copied to the local members. Measured on 2 processes x 4 devices (loopback): 32 gradients of
-  [256, 256] took ~120 ms this way, ~300 ms with every member in one `CollectiveReduceV2`.
+  copied to the local members. Measured on loopback, 32 gradients of [256, 256]: ~115 ms this way
+  against ~340 ms with every member in one `CollectiveReduceV2` (2 processes x 4 devices), ~315
+  against ~460 ms (4 x 2).
   """
   n = len(xs)
   if reduction_fn_string not in _MERGE_OPS:
