@@ -66,8 +66,10 @@ class CollectiveSettings:
   Args:
     timeout_seconds: a collective that waits longer than this for a peer fails (0: wait forever).
     communication_hint: "auto" (NCCL on GPUs), "ring" or "nccl".
-    in_process_fast_path: groups held wholly by this process use plain ops and copies (False:
-      TF collective ops there too, e.g. to test or measure them on one machine).
+    in_process_fast_path: what this process holds of a group is combined with plain ops and
+      copies: a group held wholly needs no TF collective op, an allreduce across processes one
+      per process, and a shift's transfers within this process are copies (False: every member
+      takes part in TF collective ops, e.g. to test or measure them on one machine).
   """
 
   def __init__(self, timeout_seconds: float = 0.0, communication_hint: str = "auto",
