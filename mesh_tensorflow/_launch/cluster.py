@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 from typing import Optional, Sequence
 
 import tensorflow.compat.v1 as tf
@@ -19,7 +18,6 @@ import tensorflow.compat.v1 as tf
 DEVICES_PER_PROCESS_ENV = "MTF_DEVICES_PER_PROCESS"
 TIMEOUT_ENV = "MTF_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 60.0
-WATCH_SECONDS = 1.0  # how often Cluster.run checks, during a run, that the other tasks answer
 
 
 class LostPeerError(RuntimeError):
@@ -153,45 +151,22 @@ class Cluster:
   def run(self, sess: tf.Session, fetches, feed_dict=None):
     """sess.run(fetches), turning a failed collective into a LostPeerError naming the lost task.
 
-    The run goes on in a helper thread while this one checks, every WATCH_SECONDS, that every
-    other task's server still answers; one that stops (its process died) fails the run at once,
-    instead of after the collective timeout, when TF 2.21 aborts the collectives that wait for it
-    and now and then crashes the process doing so. A collective that fails by itself (after
-    `timeout_seconds` without its peers, or when a peer's connection breaks) is reported the same
-    way: the lost task is the one whose server stopped answering, else a hung one.
+    A collective fails after `timeout_seconds` without its peers (or at once if a peer's
+    connection breaks); the lost task is the one whose server stopped answering, else a hung one.
     """
-    outcome = {}
-
-    def run_session():
-      try:
-        outcome["value"] = sess.run(fetches, feed_dict=feed_dict)
-      except BaseException as e:  # noqa: BLE001 -- raised in the caller's thread below
-        outcome["error"] = e
-    thread = threading.Thread(target=run_session, name="Cluster.run", daemon=True)
-    thread.start()
-    thread.join(WATCH_SECONDS)
-    while thread.is_alive():
+    try:
+      return sess.run(fetches, feed_dict=feed_dict)
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+            tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.InternalError) as e:
       lost = self.unreachable_tasks()
       if lost:
-        raise self._lost(lost, "its run")
-      thread.join(WATCH_SECONDS)
-    if "value" in outcome:
-      return outcome["value"]
-    e = outcome["error"]
-    if not isinstance(e, (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
-                          tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.InternalError)):
-      raise e
-    lost = self.unreachable_tasks()
-    if lost:
-      raise self._lost(lost, f"a collective ({type(e).__name__})") from e
-    if isinstance(e, tf.errors.DeadlineExceededError):
-      raise LostPeerError(
-          f"Task {self.task_index} waited more than {self.timeout_seconds} s for a collective; "
-          f"every task's server still answers, so a peer is hung (or slower than the timeout: "
-          f"raise it with --timeout / MTF_COLLECTIVE_TIMEOUT).", []) from e
-    raise e
-
-  def _lost(self, lost: list, waited_for: str) -> LostPeerError:
-    names = ", ".join(f"task {t} ({self.workers[t]})" for t in lost)
-    return LostPeerError(f"Lost {names}: its server stopped answering while task "
-                         f"{self.task_index} waited for {waited_for}.", lost)
+        names = ", ".join(f"task {t} ({self.workers[t]})" for t in lost)
+        raise LostPeerError(f"Lost {names}: its server stopped answering while task "
+                            f"{self.task_index} waited for a collective ({type(e).__name__}).",
+                            lost) from e
+      if isinstance(e, tf.errors.DeadlineExceededError):
+        raise LostPeerError(
+            f"Task {self.task_index} waited more than {self.timeout_seconds} s for a collective; "
+            f"every task's server still answers, so a peer is hung (or slower than the timeout: "
+            f"raise it with --timeout / MTF_COLLECTIVE_TIMEOUT).", []) from e
+      raise
