@@ -6,7 +6,8 @@ Transformer's gradients and activations:
 
 * `ring`: the placement backend's rings of tf.identity copies (`ring_collectives.py`);
 * `tf_collective`: TF collective ops (`CollectiveReduceV2` / `CollectiveGatherV2` /
-  `CollectiveAllToAllV2`), one per device, as the collective backend uses between processes;
+  `CollectiveAllToAllV2` / two-member `CollectiveBcastSendV2` and `RecvV2` pairs for the shift),
+  one per device (the collective backend's path with `in_process_fast_path=False`);
 * `direct`: plain ops on one device plus tf.identity copies (the collective backend's in-process
   path, `tf_collectives.py`);
 * `chunked`: for allreduce, each device sums one chunk, then every device concatenates them.

@@ -3,7 +3,8 @@
 Each task gets TF_CONFIG (its index among N workers on free 127.0.0.1 ports) and
 MTF_DEVICES_PER_PROCESS; each line it prints is prefixed with "[rank] ". When a task fails (non-zero
 exit or killed by a signal) the launcher names it, stops the others (SIGTERM, then SIGKILL after a
-grace period) and exits with that task's status; when all succeed it exits 0. Under a scheduler
+grace period) and exits with that task's status; when all succeed it exits 0; when the launcher
+itself is terminated, it stops the tasks first. Under a scheduler
 that already set TF_CONFIG, the command runs once, as that task, with TF_CONFIG as it is. A
 command starting with `python` runs with the launcher's own interpreter (the same environment).
 """
@@ -140,11 +141,23 @@ class Launch:
     self.out.flush()
 
   def run(self) -> int:
-    self.start()
+    """Starts the tasks and waits for them (call from the main thread).
+
+    A SIGTERM or SIGHUP to the launcher stops the tasks too (they run in sessions of their own,
+    so a signal to the launcher alone would leave them running), then exits with 128 + signal.
+    """
+    previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
+      self.start()
       return self.wait()
     finally:
       self.stop()
+      for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def _exit_on_signal(signum, _frame) -> None:
+  raise SystemExit(128 + signum)
 
 
 def _signal_group(process, sig) -> None:

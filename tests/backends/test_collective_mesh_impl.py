@@ -27,11 +27,11 @@ PATHS = [("collective", "graph"), ("collective", "eager"), ("collective_tf_ops",
          ("collective_unfused", "graph")]
 
 
-def _run(backend, mode, mesh_shape, fn):
+def _run(backend, mode, mesh_shape, fn, devices=None):
   """fn(impl, laid_out_input) -> LaidOutTensor on random int-valued slices; (inputs, outputs)."""
   size = mtf.convert_to_shape(mesh_shape).size
   xs = list(np.random.RandomState(size).randint(-9, 9, size=[size, 4, 8]).astype(np.float32))
-  impl = BACKENDS[backend](mesh_shape, "", cpu_devices(size))
+  impl = BACKENDS[backend](mesh_shape, "", devices or cpu_devices(size))
 
   def build():
     return fn(impl, impl.LaidOutTensor(mtf.parallel(impl.devices, tf.constant, xs))).tensor_list
@@ -62,21 +62,31 @@ def test_allreduce_over_every_subset_of_mesh_axes(backend, mode, mesh_shape):
 @pytest.mark.parametrize("backend,mode", PATHS)
 @pytest.mark.parametrize("mesh_shape", MESHES)
 def test_allconcat_alltoall_and_shift_along_every_mesh_axis(backend, mode, mesh_shape):
+  _check_allconcat_alltoall_and_shift(backend, mode, mesh_shape)
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES[:2])
+def test_tf_collective_ops_follow_tf_ranks_when_devices_are_listed_out_of_order(mesh_shape):
+  """TF ranks a group's members by device index; the mesh's member order must still hold."""
+  _check_allconcat_alltoall_and_shift("collective_tf_ops", "graph", mesh_shape, cpu_devices(8)[::-1])
+
+
+def _check_allconcat_alltoall_and_shift(backend, mode, mesh_shape, devices=None):
   shape = mtf.convert_to_shape(mesh_shape)
   for axis in range(len(shape)):
     groups = processor_groups(shape, [axis])
-    xs, got = _run(backend, mode, mesh_shape, lambda impl, x, a=axis: impl.allconcat(x, a, 1))
+    xs, got = _run(backend, mode, mesh_shape, lambda impl, x, a=axis: impl.allconcat(x, a, 1), devices)
     for group in groups:
       for pnum in group:
         np.testing.assert_array_equal(got[pnum], np.concatenate([xs[p] for p in group], 1))
-    xs, got = _run(backend, mode, mesh_shape, lambda impl, x, a=axis: impl.alltoall(x, a, 1, 0))
+    xs, got = _run(backend, mode, mesh_shape, lambda impl, x, a=axis: impl.alltoall(x, a, 1, 0), devices)
     for group in groups:
       for j, pnum in enumerate(group):
         n = len(group)
         np.testing.assert_array_equal(
             got[pnum], np.concatenate([np.split(xs[p], n, 1)[j] for p in group], 0))
     xs, got = _run(backend, mode, mesh_shape,
-                   lambda impl, x, a=axis: impl.shift_by_n_processors(x, a, 1, False))
+                   lambda impl, x, a=axis: impl.shift_by_n_processors(x, a, 1, False), devices)
     for group in groups:
       for k, pnum in enumerate(group):
         np.testing.assert_array_equal(got[pnum], xs[group[k - 1]] if k else np.zeros_like(xs[0]))

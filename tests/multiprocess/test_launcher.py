@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -72,3 +73,30 @@ def test_missing_command_is_a_usage_error(capsys):
     main(["--num_processes", "2"])
   assert exit_info.value.code == 2
   assert "no command: put it after '--'" in capsys.readouterr().err
+
+
+def test_terminated_launcher_stops_its_tasks(tmp_path):
+  pid_file = tmp_path / "task.pid"
+  script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+  launcher = subprocess.Popen([sys.executable, "-m", "mesh_tensorflow.launch", "--num_processes", "1", "--",
+                               sys.executable, "-c", script], cwd=ROOT,
+                              env=dict(_without_tf_config(), PYTHONPATH=ROOT), stdout=subprocess.DEVNULL)
+  task, stopped = None, False
+  try:
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    task = int(pid_file.read_text())
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+    with pytest.raises(ProcessLookupError):  # stopped and reaped: no such process any more
+      os.kill(task, 0)
+    stopped = True
+  finally:
+    launcher.kill()
+    launcher.wait()
+    if task is not None and not stopped:  # the test failed with the task running: stop it here
+      try:
+        os.kill(task, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
