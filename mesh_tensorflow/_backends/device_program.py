@@ -58,22 +58,26 @@ class DeviceProgram:
     self.jit_compile = jit_compile
     self._graph = None  # the TF graph a Lowering builds in; None: nothing is fused
     self._segment: Optional[_Segment] = None
+    self.is_needed: Callable = lambda laid_out: True
 
   @contextlib.contextmanager
-  def fusing(self):
+  def fusing(self, is_needed: Optional[Callable] = None):
     """While a Lowering runs: fuse slicewise computations built in the current graph.
 
-    On exit every pending value is built, so a finished Lowering holds ordinary tensors.
+    is_needed(laid_out) says whether a pending value may still be read when its segment is
+    built (default: always). On exit the open segment is built.
     """
     if tf.executing_eagerly():
       yield
       return
-    previous, self._graph = self._graph, tf.get_default_graph()
+    previous = self._graph, self.is_needed
+    self._graph = tf.get_default_graph()
+    self.is_needed = is_needed or (lambda laid_out: True)
     try:
       yield
     finally:
       self.flush()
-      self._graph = previous
+      self._graph, self.is_needed = previous
 
   def flush(self) -> None:
     """Builds the open segment's calls (values nobody holds any more are dropped)."""
@@ -118,6 +122,8 @@ class _Segment:
     self._arguments = []  # (placeholder, one value per device)
     self._argument_keys = {}  # what a placeholder stands for -> placeholder
     self._pending = []  # weak references to the LaidOutTensors this segment will fill
+    self._closed = False
+    self._functions = 0  # functions built from the trace (a value computed again adds one)
     self.tracing = False
 
   # ---- tracing ----
@@ -184,39 +190,53 @@ class _Segment:
 
   # ---- building the calls ----
 
-  def build_now(self) -> None:
-    """A pending value is needed: the whole segment is built (called by LaidOutTensor)."""
+  def build_now(self, x: LaidOutTensor) -> None:
+    """x's tensors are asked for: the segment is built (called by LaidOutTensor)."""
     if self.tracing:  # a computation being traced reads a pending value: build it per device
       raise _Unfusable()
     program = self._program
     if program._segment is self:  # pylint: disable=protected-access
       program._segment = None  # pylint: disable=protected-access
-    self.close()
+    if not self._closed:
+      self.close()
+    if x.is_pending:  # not needed when the segment was built: computed again from its inputs
+      self._build([x])
 
   def close(self) -> None:
-    """Calls the traced function on every device and fills the pending values still held."""
+    """Calls the traced function on every device and fills the pending values still needed.
+
+    A value nothing will read again (its mtf consumers are all lowered) is not an output: it
+    stays pending and is computed again if it is ever asked for, so the segment's body keeps its
+    intermediates to itself (XLA fuses them away, TF frees them early).
+    """
+    self._closed = True
     held = [x for x in (ref() for ref in self._pending) if x is not None and x.is_pending]
-    self._pending = []
-    if not held:
+    needed = [x for x in held if self._program.is_needed(x)]
+    self._pending = [weakref.ref(x) for x in held if not self._program.is_needed(x)]
+    self._build(needed)
+
+  def _build(self, values: list) -> None:
+    """Calls the traced function with `values` as outputs on every device, and fills them."""
+    if not values:
       return
     n = len(self._program._devices)  # pylint: disable=protected-access
     per_device = {}  # id(traced tensor) -> one value per device
-    for placeholder, values in self._arguments:
-      per_device[id(placeholder)] = values
+    for placeholder, arguments in self._arguments:
+      per_device[id(placeholder)] = arguments
     captures = list(self._trace_graph.captures)
     for outer, inner in captures:
       per_device[id(inner)] = [outer] * n
     outputs = []
-    for x in held:
+    for x in values:
       if id(x.traced) not in per_device and x.traced.graph is not self._trace_graph:
         per_device[id(x.traced)] = [x.traced] * n  # an outer tensor returned as it is
       elif id(x.traced) not in per_device:
         per_device[id(x.traced)] = None
         outputs.append(x.traced)
     if outputs:
-      for output, values in zip(outputs, self._call(outputs, captures)):
-        per_device[id(output)] = values
-    for x in held:
+      for output, slices in zip(outputs, self._call(outputs, captures)):
+        per_device[id(output)] = slices
+    for x in values:
       x.fill(per_device[id(x.traced)])
 
   def _call(self, outputs: list, captures: list) -> list:
@@ -227,7 +247,8 @@ class _Segment:
     fg.structured_outputs = list(outputs)
     jit = self._program.jit_compile and len(fg.get_operations()) >= _MIN_OPS_TO_COMPILE
     attrs = {"_noinline": True, "_XlaMustCompile": True} if jit else {"_noinline": True}
-    function = atomic_function.from_func_graph(fg.name, fg, attrs)
+    self._functions += 1
+    function = atomic_function.from_func_graph(f"{fg.name}_{self._functions}", fg, attrs)
     calls = []
     with _at_top_level(self.graph), _calls_instantiated_as_traced():
       for d, device in enumerate(self._program._devices):  # pylint: disable=protected-access

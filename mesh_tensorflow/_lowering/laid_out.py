@@ -23,7 +23,7 @@ class LaidOutTensor:
 
   @classmethod
   def pending(cls, segment, traced) -> LaidOutTensor:
-    """A value of `segment`, traced as `traced`; segment.build_now() fills it on first use."""
+    """A value of `segment`, traced as `traced`; segment.build_now(x) fills it on first use."""
     x = cls.__new__(cls)
     x._tensor_list = None
     x._pending = (segment, traced)
@@ -55,7 +55,7 @@ class LaidOutTensor:
   @property
   def tensor_list(self) -> list:
     if self._pending is not None:
-      self._pending[0].build_now()
+      self._pending[0].build_now(self)
     return self._tensor_list
 
   @property

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import weakref
 
 import tensorflow.compat.v1 as tf
 
@@ -47,11 +49,16 @@ class Lowering:
     self.tensors = {}
     self.operations = {}
     self.variables = {}
+    self._unlowered_consumers = collections.Counter(x for op in graph.operations for x in op.inputs)
+    self._sinks = {t for op in graph.operations for t in op.outputs
+                   if not self._unlowered_consumers[t]}
+    self._tensors_of = weakref.WeakKeyDictionary()  # laid-out value -> the mtf tensors it lowers
     with contextlib.ExitStack() as fusing:
       for mesh_impl in {id(m): m for m in mesh_to_impl.values()}.values():
-        fusing.enter_context(mesh_impl.fusing())
+        fusing.enter_context(mesh_impl.fusing(self._may_be_read))
       for op in graph.operations:
         self.lower_operation(op)
+        self._unlowered_consumers.subtract(op.inputs)
         for out in op.outputs:
           self.add_counter("output/%s" % type(op).__name__, self.laid_out_size(out))
           self.add_counter("output_unique/%s" % type(op).__name__, out.size)
@@ -182,6 +189,20 @@ class Lowering:
   def set_tensor_lowering(self, tensor, laid_out_tensor) -> None:
     self.verify_slice_shapes(tensor, laid_out_tensor)
     self.tensors[tensor] = laid_out_tensor
+    try:
+      self._tensors_of.setdefault(laid_out_tensor, []).append(tensor)
+    except TypeError:  # a value that cannot be weakly referenced is never left pending
+      pass
+
+  def _may_be_read(self, laid_out) -> bool:
+    """Whether a laid-out value may still be read: by an op not lowered yet, or as an output.
+
+    Values that lower no mtf tensor (an op's temporaries, a lazy allreduce's partial sums) may.
+    """
+    tensors = self._tensors_of.get(laid_out)
+    if not tensors:
+      return True
+    return any(self._unlowered_consumers[t] > 0 or t in self._sinks for t in tensors)
 
   def verify_slice_shapes(self, tensor, laid_out_tensor) -> None:
     expected = self.mesh_impl(tensor).slice_shape(tensor.shape)

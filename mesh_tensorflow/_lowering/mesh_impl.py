@@ -269,8 +269,12 @@ class MeshImpl:
     """Per-slice einsum; a hook for backends with a faster contraction."""
     return tf.einsum(equation, *slices)
 
-  def fusing(self):
-    """A context a Lowering runs in; backends that fuse slicewise computations override it."""
+  def fusing(self, is_needed=None):
+    """A context a Lowering runs in; backends that fuse slicewise computations override it.
+
+    is_needed(laid_out) -> bool: whether a laid-out value may still be read (its mtf tensor has
+    consumers not lowered yet, or none at all, so it may be exported).
+    """
     return contextlib.nullcontext()
 
   # ---- primitives a backend must provide ----

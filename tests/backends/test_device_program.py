@@ -151,15 +151,25 @@ def test_ops_inside_control_dependencies_keep_them():
       assert sess.run(tf_counter) == 1.0  # the increment ran before y
 
 
-def test_nothing_is_left_pending_after_a_lowering():
-  with tf.Graph().as_default():
+def test_intermediates_are_no_outputs_of_the_program_and_are_computed_again_when_read():
+  with tf.Graph().as_default() as tf_graph:
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
-    outputs = _mlp(mesh)
-    impl = mtf.placement_mesh_impl.PlacementMeshImpl("b:2;d:2", "batch:b;h:d", cpu_devices(4))
+    x = mtf.import_tf_tensor(mesh, tf.range(8.0), [mtf.Dimension("batch", 8)])
+    hidden = mtf.exp(x * 0.5)
+    y = mtf.reduce_sum(mtf.square(hidden) + hidden, reduced_dim=x.shape.dims[0])
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:4", "batch:all", cpu_devices(4))
     lowering = mtf.Lowering(graph, {mesh: impl})
-    laid_out = [lowering.tensors[t] for t in outputs]
-    assert not any(getattr(x, "is_pending", False) for x in laid_out)
+    calls = lambda: sum(op.type == "PartitionedCall" for op in tf_graph.get_operations())
+    built = calls()
+    assert lowering.tensors[hidden].is_pending  # read by no op after the segment was built
+    tf_y, tf_hidden = lowering.export_to_tf_tensor(y), lowering.export_to_tf_tensor(hidden)
+    assert calls() == built + 4  # hidden, computed again on each device
+    with tf.Session(config=session_config()) as sess:
+      got_y, got_hidden = sess.run([tf_y, tf_hidden])
+  want_hidden = np.exp(np.arange(8.0) * 0.5)
+  np.testing.assert_allclose(got_hidden, want_hidden, rtol=1e-6)
+  np.testing.assert_allclose(got_y, np.sum(want_hidden ** 2 + want_hidden), rtol=1e-6)
 
 
 @pytest.mark.parametrize("backend", ["placement", "collective"])
