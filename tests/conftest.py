@@ -1,4 +1,7 @@
-"""Test session set-up: 8 virtual CPU devices before any TensorFlow op runs."""
+"""Test session set-up: 8 virtual CPU devices before any TensorFlow op runs; gin bindings per test."""
+
+import gin
+import pytest
 
 from tests.harness import configure_virtual_cpus
 
@@ -8,3 +11,11 @@ configure_virtual_cpus()
 def pytest_collection_modifyitems(items):
   """tf.test.TestCase has a helper method named test_session that pytest would collect as a test."""
   items[:] = [item for item in items if item.name != "test_session"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gin_config():
+  """No test sees the gin bindings another test parsed (e.g. `mtf.explain` of a gin Transformer)."""
+  gin.clear_config()
+  yield
+  gin.clear_config()
