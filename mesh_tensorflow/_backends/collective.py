@@ -53,7 +53,7 @@ class CollectiveMeshImpl(PlacementMeshImpl):
     cluster: a `mesh_tensorflow.collective_mesh_impl.Cluster` when the mesh spans processes
       (e.g. `Cluster.from_tf_config()`); None for a single process.
     timeout_seconds: a collective between processes that waits longer than this for a peer fails
-      (0: no limit). Defaults to the cluster's timeout.
+      (0: no limit). Defaults to the cluster's `collective_timeout_seconds`.
     in_process_fast_path: False makes groups within this process use TF collective ops too.
     fuse_slicewise, jit_compile: as for PlacementMeshImpl (each local device calls one traced
       program per segment of slicewise computations).
@@ -99,7 +99,7 @@ class CollectiveMeshImpl(PlacementMeshImpl):
     self._devices = [self._all_devices[p] for p in self._local_pnums]
     self._program = DeviceProgram(self._devices, jit_compile)
     if timeout_seconds is None:
-      timeout_seconds = cluster.timeout_seconds if cluster is not None else 0.0
+      timeout_seconds = cluster.collective_timeout_seconds if cluster is not None else 0.0
     self._settings = tf_collectives.CollectiveSettings(
         timeout_seconds=timeout_seconds, in_process_fast_path=in_process_fast_path)
 

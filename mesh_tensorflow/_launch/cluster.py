@@ -36,7 +36,8 @@ class Cluster:
     task_index: this process's task.
     devices_per_task: devices each task contributes to the mesh (CPU: that many virtual devices).
     device_type: "CPU" or "GPU".
-    timeout_seconds: collectives between tasks fail after waiting this long for a peer (0: never).
+    timeout_seconds: a step run through `run` fails after this long (its session deadline), and
+      a collective op between tasks after twice this long (a backstop for other sessions); 0: never.
     job: the job name of the tasks.
 
   Example:
@@ -83,6 +84,15 @@ class Cluster:
       devices_per_task = int(os.environ.get(DEVICES_PER_PROCESS_ENV, "1"))
     kwargs.setdefault("timeout_seconds", float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_SECONDS)))
     return cls(workers, int(task.get("index", 0)), devices_per_task, job=job, **kwargs)
+
+  @property
+  def collective_timeout_seconds(self) -> float:
+    """The timeout of every collective op between tasks: twice the step deadline of `run`.
+
+    A lost peer is then noticed by the session deadline, which cancels the step cleanly; TF 2.21
+    sometimes crashes (SIGSEGV) when a collective op's own timeout aborts it instead.
+    """
+    return 2 * self.timeout_seconds
 
   @property
   def num_tasks(self) -> int:
@@ -151,11 +161,12 @@ class Cluster:
   def run(self, sess: tf.Session, fetches, feed_dict=None):
     """sess.run(fetches), turning a failed collective into a LostPeerError naming the lost task.
 
-    A collective fails after `timeout_seconds` without its peers (or at once if a peer's
-    connection breaks); the lost task is the one whose server stopped answering, else a hung one.
+    The step fails after `timeout_seconds` (or at once if a peer's connection breaks); the lost
+    task is the one whose server stopped answering, else a hung one.
     """
+    options = tf.RunOptions(timeout_in_ms=int(self.timeout_seconds * 1000)) if self.timeout_seconds else None
     try:
-      return sess.run(fetches, feed_dict=feed_dict)
+      return sess.run(fetches, feed_dict=feed_dict, options=options)
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
             tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.InternalError) as e:
       lost = self.unreachable_tasks()
@@ -166,7 +177,8 @@ class Cluster:
                             lost) from e
       if isinstance(e, tf.errors.DeadlineExceededError):
         raise LostPeerError(
-            f"Task {self.task_index} waited more than {self.timeout_seconds} s for a collective; "
+            f"Task {self.task_index} waited more than {self.timeout_seconds} s for a collective "
+            f"(its step ran past the deadline); "
             f"every task's server still answers, so a peer is hung (or slower than the timeout: "
             f"raise it with --timeout / MTF_COLLECTIVE_TIMEOUT).", []) from e
       raise

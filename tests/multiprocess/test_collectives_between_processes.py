@@ -93,7 +93,7 @@ def test_alltoall_between_processes_is_one_alltoall_kernel_per_member(mesh_shape
   slice_size = collectives_script.slice_value(0).size
   for kernel in kernels:  # each member hands the kernel its own slice once: piece j goes to member j
     assert kernel.inputs[0].shape.num_elements() == slice_size
-    assert kernel.get_attr("timeout_seconds") == impl.cluster.timeout_seconds
+    assert kernel.get_attr("timeout_seconds") == impl.cluster.collective_timeout_seconds
 
 
 @pytest.mark.parametrize("offset,wrap", [(1, False), (1, True), (-2, True), (3, False)])
