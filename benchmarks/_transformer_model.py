@@ -65,16 +65,15 @@ def batch_of_tokens(cfg: Config, step: int) -> tuple:
 # plain TensorFlow
 
 
-def plain_tf_train_step(cfg: Config, inputs, targets, values: dict, dtype=tf.float32):
-  """(loss, train_op) in plain TF on the current device; activations in `dtype`."""
-  w = {name: tf.get_variable(name, initializer=value) for name, value in values.items()}
-  r = {name: tf.cast(v, dtype) for name, v in w.items()}
+def plain_tf_loss(cfg: Config, inputs, targets, r: dict, dtype=tf.float32):
+  """The mean cross-entropy of `inputs` -> `targets` in plain TF, with weights `r` (in `dtype`)."""
 
   def norm(x, scale):
     return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), -1, keepdims=True) + 1e-6) * scale
 
+  length = inputs.shape[1]
   x = tf.gather(r["embedding"], inputs)
-  pos = tf.range(cfg.length)
+  pos = tf.range(length)
   mask = tf.cast(pos[None, :] > pos[:, None], dtype) * -1e9  # [query, memory]
   for i in range(cfg.num_layers):
     p = f"layer_{i}/"
@@ -89,10 +88,44 @@ def plain_tf_train_step(cfg: Config, inputs, targets, values: dict, dtype=tf.flo
     h = norm(x, r[p + "norm_ff"])
     x += tf.einsum("blf,fd->bld", tf.nn.relu(tf.einsum("bld,df->blf", h, r[p + "wi"])), r[p + "wo_ff"])
   logits = tf.einsum("bld,dv->blv", norm(x, r["final_norm"]), r["softmax"])
-  loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+  return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=targets, logits=tf.cast(logits, tf.float32)))
+
+
+def _variables(values: dict) -> dict:
+  return {name: tf.get_variable(name, initializer=value) for name, value in values.items()}
+
+
+def plain_tf_train_step(cfg: Config, inputs, targets, values: dict, dtype=tf.float32):
+  """(loss, train_op) in plain TF on the current device; activations in `dtype`."""
+  w = _variables(values)
+  loss = plain_tf_loss(cfg, inputs, targets, {n: tf.cast(v, dtype) for n, v in w.items()}, dtype)
   train = tf.train.GradientDescentOptimizer(cfg.learning_rate).minimize(loss, var_list=list(w.values()))
   return loss, train
+
+
+def plain_tf_data_parallel_train_step(cfg: Config, inputs, targets, values: dict, devices: list):
+  """(loss, train_op): hand-written data parallelism in plain TF, the floor for a lowered mesh.
+
+  Variables on devices[0]; each device computes the loss and gradients of its share of the
+  batch; the gradients are summed with one add_n on devices[0] (the fastest in-process
+  allreduce measured, benchmarks/bench_collectives.py) and applied there.
+  """
+  with tf.device(devices[0]):
+    w = _variables(values)
+  names = list(w)
+  shares = zip(tf.split(inputs, len(devices)), tf.split(targets, len(devices)))
+  losses, grads = [], []
+  for device, (x, y) in zip(devices, shares):
+    with tf.device(device):
+      losses.append(plain_tf_loss(cfg, x, y, {n: tf.identity(w[n]) for n in names}))
+      grads.append(tf.gradients(losses[-1], [w[n] for n in names]))
+  with tf.device(devices[0]):
+    scale = 1.0 / len(devices)
+    mean_grads = [tf.add_n([g[i] for g in grads]) * scale for i in range(len(names))]
+    train = tf.train.GradientDescentOptimizer(cfg.learning_rate).apply_gradients(
+        zip(mean_grads, [w[n] for n in names]))
+    return tf.add_n(losses) * scale, train
 
 
 # ---------------------------------------------------------------------------------------------

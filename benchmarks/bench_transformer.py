@@ -121,6 +121,26 @@ def build_plain_tf(cfg, num_cpus: int, dtype=tf.float32, graph_optimizer: bool =
   return _start(case, [init])
 
 
+def build_plain_tf_data_parallel(cfg, num_cpus: int, graph_optimizer: bool = True) -> Case:
+  """Hand-written data parallelism over num_cpus devices in plain TF: what a mesh can reach."""
+  graph = tf.Graph()
+  start = time.perf_counter()
+  with graph.as_default():
+    inputs_ph, targets_ph = _placeholders(cfg)
+    devices = [f"/cpu:{i}" for i in range(num_cpus)]
+    loss, train = model.plain_tf_data_parallel_train_step(
+        cfg, inputs_ph, targets_ph, model.initial_values(cfg), devices)
+    init = tf.global_variables_initializer()
+  build_s = time.perf_counter() - start
+  case = Case(f"plain TF, data-parallel {num_cpus} (hand-written)",
+              _session(graph, num_cpus, graph_optimizer), [loss, train],
+              _feed(cfg, inputs_ph, targets_ph), build_s=build_s,
+              num_ops=len(graph.get_operations()))
+  case.max_device_bytes = case.needed_bytes = case.total_bytes = sum(
+      v.size * 4 for v in model.initial_values(cfg).values())
+  return _start(case, [init])
+
+
 # Options of the backends' constructors (masters, fuse_slicewise, jit_compile), set from the
 # command line.
 IMPL_OPTIONS = {}
@@ -245,6 +265,8 @@ def main(argv: Optional[list] = None) -> None:
                       help="compile each device's fused program with XLA")
   parser.add_argument("--no_fuse", action="store_true",
                       help="build every slicewise computation per device (no fused device program)")
+  parser.add_argument("--no_plain_data_parallel", action="store_true",
+                      help="leave out the hand-written data-parallel plain TF case")
   parser.add_argument("--sweep", action="store_true", help="data-parallel device-count sweep instead")
   parser.add_argument("--sweep_devices", default="1,2,4,8,16,32,64")
   args = parser.parse_args(argv)
@@ -270,6 +292,8 @@ def main(argv: Optional[list] = None) -> None:
     cases = [build_plain_tf(cfg, num_cpus, graph_optimizer=opt)]
     if dtype != tf.float32:
       cases.append(build_plain_tf(cfg, num_cpus, dtype, opt))
+    elif not args.no_plain_data_parallel:
+      cases.append(build_plain_tf_data_parallel(cfg, num_cpus, opt))
     for name in args.layouts.split(","):
       shape, layout = LAYOUTS[name]
       cases.append(build_mtf(cfg, name, shape, layout, args.backend, num_cpus, dtype, dtype, opt,
