@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Optional
 
 import tensorflow.compat.v1 as tf
 from tensorflow.python.ops import resource_variable_ops
@@ -59,6 +60,10 @@ class PlacementMeshImpl(MeshImpl):
       ops per device: the same results, a program and a lowering time that barely grow with the
       device count.
     jit_compile: compile each fused per-device program with XLA.
+    share_replicas: processors holding equal slices of a variable (the layout replicates it
+      along some mesh dimensions) share one slice variable, on the first one's device, which is
+      updated once per step. None (default): share when every device is a CPU of this process,
+      where reading a tensor of another device is no copy; GPUs keep a replica each.
 
   Raises:
     ValueError: the number of devices differs from the number of processors, or an unknown
@@ -70,7 +75,8 @@ class PlacementMeshImpl(MeshImpl):
   """
 
   def __init__(self, shape, layout, devices, master_as_slice: bool = False, *,
-               masters: str = "whole", fuse_slicewise: bool = True, jit_compile: bool = False):
+               masters: str = "whole", fuse_slicewise: bool = True, jit_compile: bool = False,
+               share_replicas: Optional[bool] = None):
     super().__init__(shape, layout)
     devices = list(devices)
     if len(devices) != self.size:
@@ -84,6 +90,7 @@ class PlacementMeshImpl(MeshImpl):
                        "masters='sliced' keeps no master to use as a slice. Pass one of them.")
     self._devices = devices
     self._cpus_of_one_process = cpus_of_one_process(devices)
+    self.share_replicas = self._cpus_of_one_process if share_replicas is None else share_replicas
     self.master_as_slice = master_as_slice
     self._masters = masters
     if masters == "sliced":
@@ -102,6 +109,10 @@ class PlacementMeshImpl(MeshImpl):
     has the master itself as the slice of the processor on the master's device (when their
     dtypes agree and the master is a resource variable), so no device holds a second copy of it.
 
+    With share_replicas, processors whose slices are equal share the first one's slice variable:
+    the others read it (a tf.identity on their device) and their assignments are dropped, since
+    mtf gives every replica of a tensor the same value.
+
     The graph reads each slice once (a snapshot) and every assignment waits for those reads, so a
     step that both reads and updates a variable sees its old value everywhere. In eager mode the
     copies between master and slices run when they are asked for.
@@ -115,14 +126,23 @@ class PlacementMeshImpl(MeshImpl):
       slice_shape = mesh_impl.slice_shape(shape)
       master_pnum = _processor_holding_master(variable, mesh_impl, slice_shape == shape.to_integer_list)
       self._slice_is_master = mesh_impl.size == 1 and master_pnum == 0
+      if getattr(mesh_impl, "share_replicas", False):
+        self._owners = _replica_owners(shape, mesh_impl, master_pnum)
+      else:
+        self._owners = list(range(len(mesh_impl.devices)))
       if self._slice_is_master:
         self._slices = [variable.get_master()]
         copies = (tf.no_op, tf.no_op)
       else:
-        self._slices = [
-            variable.get_master() if pnum == master_pnum else laid_out.slice_variable(
-                variable.name + "_slice_%d" % pnum, slice_shape, variable.slice_dtype, device)
-            for pnum, device in enumerate(mesh_impl.devices)]
+        self._slices = []
+        for i, device in enumerate(mesh_impl.devices):
+          if self._owners[i] != i:
+            self._slices.append(self._slices[self._owners[i]])
+          elif i == master_pnum:
+            self._slices.append(variable.get_master())
+          else:
+            self._slices.append(laid_out.slice_variable(
+                variable.name + "_slice_%d" % i, slice_shape, variable.slice_dtype, device))
         copies = (functools.partial(self._assign_master_to_slices, shape),
                   functools.partial(self._combine_slices_into_master, shape, master_device))
       self._build_copies(mesh_impl, *copies)
@@ -143,10 +163,13 @@ class PlacementMeshImpl(MeshImpl):
     def read(self):
       """A fresh read of every slice (ReadVariable uses it to see values assigned earlier)."""
       reads = []
-      for device, slice_var in zip(self._mesh_impl.devices, self._slices):
+      for i, (device, slice_var) in enumerate(zip(self._mesh_impl.devices, self._slices)):
         with tf.device(device):
-          reads.append(slice_var.read_value() if hasattr(slice_var, "read_value")
-                       else tf.identity(slice_var))
+          if self._owners[i] != i:
+            reads.append(tf.identity(reads[self._owners[i]]))
+          else:
+            reads.append(slice_var.read_value() if hasattr(slice_var, "read_value")
+                         else tf.identity(slice_var))
       return self._mesh_impl.LaidOutTensor(reads)
 
     def assign_to_slices(self, assign_fn, values):
@@ -160,9 +183,12 @@ class PlacementMeshImpl(MeshImpl):
     def _assign(self, assign_fn, values: list, after_reads: bool):
       """The assignments, waiting for the slice reads if after_reads (master copies need not)."""
       reads = self._reads if after_reads and not tf.executing_eagerly() else None
+      owners = [i for i, owner in enumerate(self._owners) if owner == i]
+      values = list(values)
       with tf.control_dependencies(reads):
-        return tf.group(parallel(self._mesh_impl.devices, assign_fn,
-                                 [self._variable] * len(self._slices), self._slices, list(values)))
+        return tf.group(parallel([self._mesh_impl.devices[i] for i in owners], assign_fn,
+                                 [self._variable] * len(owners), [self._slices[i] for i in owners],
+                                 [values[i] for i in owners]))
 
     @property
     def slice_is_master(self):
@@ -293,6 +319,18 @@ def _processor_holding_master(variable, mesh_impl, whole: bool):
     if device == "" or (master_device and _canonical(device) == _canonical(master_device)):
       return pnum
   return None
+
+
+def _replica_owners(shape, mesh_impl, master_pnum=None) -> list:
+  """Per local processor, the local processor whose slice variable it uses.
+
+  That is the first one with an equal slice of `shape`; for master_pnum's replicas, master_pnum
+  (whose slice is the master).
+  """
+  pnums = list(getattr(mesh_impl, "local_pnums", range(mesh_impl.size)))
+  begins = [tuple(mesh_impl.slice_begin(shape, pnum)) for pnum in pnums]
+  owner = {} if master_pnum is None else {begins[master_pnum]: master_pnum}
+  return [owner.setdefault(begin, i) for i, begin in enumerate(begins)]
 
 
 def _canonical(device: str) -> tuple:

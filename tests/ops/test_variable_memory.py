@@ -1,4 +1,5 @@
-"""Variable memory: with master_as_slice, no device holds a second copy of an unsplit variable."""
+"""Variable memory: with master_as_slice, no device holds a second copy of an unsplit variable;
+with share_replicas, replicas in one process hold one copy in all."""
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from tests.harness import cpu_devices, session_config
 INIT = np.arange(32, dtype=np.float32).reshape(4, 8)
 
 
-def _lowered(mesh_shape, layout, master_as_slice=True, **var_kwargs):
+def _lowered(mesh_shape, layout, master_as_slice=True, share_replicas=False, **var_kwargs):
   """(lowering, variable, update, total, tf graph): w = INIT, total = sum(2 w), update w += 1."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "m")
@@ -18,7 +19,8 @@ def _lowered(mesh_shape, layout, master_as_slice=True, **var_kwargs):
   total = mtf.reduce_sum(w * 2.0)
   update = mtf.assign(w, w + 1.0)
   impl = mtf.placement_mesh_impl.PlacementMeshImpl(
-      mesh_shape, layout, cpu_devices(mtf.convert_to_shape(mesh_shape).size), master_as_slice)
+      mesh_shape, layout, cpu_devices(mtf.convert_to_shape(mesh_shape).size), master_as_slice,
+      share_replicas=share_replicas)
   lowering = mtf.Lowering(graph, {mesh: impl})
   return lowering, w.operation, lowering.lowered_operation(update), lowering.export_to_tf_tensor(total)
 
@@ -41,10 +43,20 @@ def test_data_parallel_master_is_the_first_processors_slice():
     assert not lowering.variables[var].slice_is_master  # several processors still have slices
 
 
+def test_shared_replicas_of_an_unsplit_variable_are_the_master_itself():
+  with tf.Graph().as_default() as g:
+    _lowered("all:4", "", share_replicas=True)
+    assert _variables_by_device(g) == {"/device:CPU:0": ["w"]}
+  with tf.Graph().as_default() as g:  # without master_as_slice: one slice beside the master
+    _lowered("all:4", "", master_as_slice=False, share_replicas=True)
+    assert _variables_by_device(g) == {"/device:CPU:0": ["w", "w_slice_0"]}
+
+
+@pytest.mark.parametrize("share_replicas", [False, True])
 @pytest.mark.parametrize("mesh_shape,layout", [("all:4", ""), ("a:2;b:2", "c:b")])
-def test_a_step_reads_old_values_and_masters_receive_updates(mesh_shape, layout):
+def test_a_step_reads_old_values_and_masters_receive_updates(mesh_shape, layout, share_replicas):
   with tf.Graph().as_default():
-    lowering, var, update, total = _lowered(mesh_shape, layout)
+    lowering, var, update, total = _lowered(mesh_shape, layout, share_replicas=share_replicas)
     copy_back = lowering.copy_slices_to_masters()
     with tf.Session(config=session_config()) as sess:
       sess.run(tf.global_variables_initializer())
