@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import collections
 import os
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -20,25 +17,19 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._lowering.comm import shift_sources
 from mesh_tensorflow.collective_mesh_impl import Cluster, CollectiveMeshImpl
 from tests.multiprocess import collectives_script
+from tests.multiprocess.launching import ROOT, launch_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "collectives_script.py")
-TIMEOUT = 8  # seconds a collective waits for a peer in these tests
 
 
-def _launch(num_processes, devices_per_process, *script_args, timeout=150):
-  command = [sys.executable, "-m", "mesh_tensorflow.launch", "--num_processes", str(num_processes),
-             "--devices_per_process", str(devices_per_process), "--timeout", str(TIMEOUT), "--",
-             sys.executable, SCRIPT, *script_args]
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  env.pop("TF_CONFIG", None)
-  return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+def _launch(num_processes, devices_per_process, *script_args):
+  return launch_script(SCRIPT, num_processes, devices_per_process, *script_args)
 
 
 @pytest.mark.parametrize("num_processes,devices_per_process", [(2, 4), (4, 2)])
 def test_allreduce_alltoall_shift_and_halo_exchange_between_processes_equal_one_process(
     tmp_path, num_processes, devices_per_process):
-  result = _launch(num_processes, devices_per_process, "--out", str(tmp_path))
+  result, _ = _launch(num_processes, devices_per_process, "--out", str(tmp_path))
   assert result.returncode == 0, result.stdout[-4000:]
   got = collections.defaultdict(dict)
   for rank in range(num_processes):
@@ -60,13 +51,12 @@ def test_allreduce_alltoall_shift_and_halo_exchange_between_processes_equal_one_
 
 @pytest.mark.parametrize("case", ["alltoall", "shift"])
 def test_peer_that_never_joins_an_alltoall_or_a_shift_is_reported_within_the_timeout(case):
-  start = time.monotonic()
-  result = _launch(2, 4, "--stall_rank", "1", "--stall_case", case)
+  result, seconds = _launch(2, 4, "--stall_rank", "1", "--stall_case", case)
   assert result.returncode != 0
   assert "LostPeerError: Task 0 waited more than 8.0 s for a collective" in result.stdout, (
       result.stdout[-3000:])
   assert "[launch] task 0 exited with status 1; stopping the other tasks" in result.stdout
-  assert time.monotonic() - start < 90
+  assert seconds < 90
 
 
 def _ops_built(mesh_shape: str, task: int, devices_per_task: int, build) -> tuple:

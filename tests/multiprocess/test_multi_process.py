@@ -10,28 +10,19 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 from tests.multiprocess import train_script
+from tests.multiprocess.launching import ROOT, TIMEOUT, launch_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "train_script.py")
-TIMEOUT = 8  # seconds a collective waits for a lost peer in these tests
 
 
-def _launch(num_processes, devices_per_process, *script_args, timeout=150):
-  command = [sys.executable, "-m", "mesh_tensorflow.launch", "--num_processes", str(num_processes),
-             "--devices_per_process", str(devices_per_process), "--timeout", str(TIMEOUT), "--",
-             sys.executable, SCRIPT, *script_args]
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  env.pop("TF_CONFIG", None)
-  start = time.monotonic()
-  result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-  return result, time.monotonic() - start
+def _launch(num_processes, devices_per_process, *script_args):
+  return launch_script(SCRIPT, num_processes, devices_per_process, *script_args)
 
 
 def _reference(name, steps):
