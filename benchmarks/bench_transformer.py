@@ -105,40 +105,37 @@ def _feed(cfg, inputs_ph, targets_ph) -> dict:
   return {inputs_ph: inputs, targets_ph: targets}
 
 
-def build_plain_tf(cfg, num_cpus: int, dtype=tf.float32, graph_optimizer: bool = True) -> Case:
-  graph = tf.Graph()
-  start = time.perf_counter()
-  with graph.as_default(), tf.device("/cpu:0"):
-    inputs_ph, targets_ph = _placeholders(cfg)
-    loss, train = model.plain_tf_train_step(cfg, inputs_ph, targets_ph, model.initial_values(cfg), dtype)
-    init = tf.global_variables_initializer()
-  build_s = time.perf_counter() - start
-  case = Case(f"plain TF, one device ({dtype.name})", _session(graph, num_cpus, graph_optimizer),
-              [loss, train], _feed(cfg, inputs_ph, targets_ph), build_s=build_s,
-              num_ops=len(graph.get_operations()))
-  case.max_device_bytes = case.needed_bytes = case.total_bytes = sum(
-      v.size * 4 for v in model.initial_values(cfg).values())
-  return _start(case, [init])
-
-
-def build_plain_tf_data_parallel(cfg, num_cpus: int, graph_optimizer: bool = True) -> Case:
-  """Hand-written data parallelism over num_cpus devices in plain TF: what a mesh can reach."""
+def _build_plain(name: str, cfg, num_cpus: int, graph_optimizer: bool, train_step) -> Case:
+  """A plain-TF case: train_step(inputs, targets, initial values) -> (loss, train op)."""
   graph = tf.Graph()
   start = time.perf_counter()
   with graph.as_default():
     inputs_ph, targets_ph = _placeholders(cfg)
-    devices = [f"/cpu:{i}" for i in range(num_cpus)]
-    loss, train = model.plain_tf_data_parallel_train_step(
-        cfg, inputs_ph, targets_ph, model.initial_values(cfg), devices)
+    loss, train = train_step(inputs_ph, targets_ph, model.initial_values(cfg))
     init = tf.global_variables_initializer()
   build_s = time.perf_counter() - start
-  case = Case(f"plain TF, data-parallel {num_cpus} (hand-written)",
-              _session(graph, num_cpus, graph_optimizer), [loss, train],
-              _feed(cfg, inputs_ph, targets_ph), build_s=build_s,
-              num_ops=len(graph.get_operations()))
+  case = Case(name, _session(graph, num_cpus, graph_optimizer), [loss, train],
+              _feed(cfg, inputs_ph, targets_ph), build_s=build_s, num_ops=len(graph.get_operations()))
   case.max_device_bytes = case.needed_bytes = case.total_bytes = sum(
       v.size * 4 for v in model.initial_values(cfg).values())
   return _start(case, [init])
+
+
+def build_plain_tf(cfg, num_cpus: int, dtype=tf.float32, graph_optimizer: bool = True) -> Case:
+  def train_step(inputs, targets, values):
+    with tf.device("/cpu:0"):
+      return model.plain_tf_train_step(cfg, inputs, targets, values, dtype)
+  return _build_plain(f"plain TF, one device ({dtype.name})", cfg, num_cpus, graph_optimizer, train_step)
+
+
+def build_plain_tf_data_parallel(cfg, num_cpus: int, graph_optimizer: bool = True) -> Case:
+  """Hand-written data parallelism over num_cpus devices in plain TF: what a mesh can reach."""
+  devices = [f"/cpu:{i}" for i in range(num_cpus)]
+
+  def train_step(inputs, targets, values):
+    return model.plain_tf_data_parallel_train_step(cfg, inputs, targets, values, devices)
+  return _build_plain(f"plain TF, data-parallel {num_cpus} (hand-written)", cfg, num_cpus,
+                      graph_optimizer, train_step)
 
 
 # Options of the backends' constructors (masters, fuse_slicewise, jit_compile), set from the

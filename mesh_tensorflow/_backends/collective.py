@@ -19,7 +19,7 @@ import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._backends import tf_collectives
 from mesh_tensorflow._backends.device_program import DeviceProgram
-from mesh_tensorflow._backends.placement import PlacementMeshImpl, cpus_of_one_process
+from mesh_tensorflow._backends.placement import PlacementMeshImpl
 from mesh_tensorflow._core.layout import processor_groups
 from mesh_tensorflow._launch.cluster import Cluster
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
@@ -56,8 +56,8 @@ class CollectiveMeshImpl(PlacementMeshImpl):
       (0: no limit). Defaults to the cluster's `collective_timeout_seconds`.
     in_process_fast_path: False makes groups within this process use TF collective ops too.
     fuse_slicewise, jit_compile: as for PlacementMeshImpl (each local device calls one traced
-      program per segment of slicewise computations). Its share_replicas is on for CPU devices,
-      within each process.
+      program per segment of slicewise computations); share_replicas as for PlacementMeshImpl,
+      within this process (its devices are this process's devices).
     masters: "whole" (default) or "sliced" (no whole master variables; see PlacementMeshImpl).
       "sliced" needs every processor in this process: across processes each one holds only its
       own slices, and one process (the chief) writes the checkpoint, which must hold every
@@ -71,11 +71,12 @@ class CollectiveMeshImpl(PlacementMeshImpl):
   def __init__(self, shape, layout, devices: Optional[Sequence[str]] = None,
                cluster: Optional[Cluster] = None, timeout_seconds: Optional[float] = None,
                in_process_fast_path: bool = True, *, masters: str = "whole",
-               fuse_slicewise: bool = True, jit_compile: bool = False):
+               fuse_slicewise: bool = True, jit_compile: bool = False,
+               share_replicas: Optional[bool] = None):
     if devices is None:
       devices = default_devices(MeshImpl(shape, layout).size, cluster)
     super().__init__(shape, layout, list(devices), masters=masters, fuse_slicewise=fuse_slicewise,
-                     jit_compile=jit_compile)
+                     jit_compile=jit_compile, share_replicas=share_replicas)
     self._all_devices = list(devices)
     self._cluster = cluster
     if cluster is None:
@@ -99,8 +100,6 @@ class CollectiveMeshImpl(PlacementMeshImpl):
           f"write checkpoints holding every variable (docs/multi_process.md).")
     self._devices = [self._all_devices[p] for p in self._local_pnums]
     self._program = DeviceProgram(self._devices, jit_compile)
-    # Replicas share a slice variable within this process (their values are equal everywhere).
-    self.share_replicas = cpus_of_one_process(self._devices)
     if timeout_seconds is None:
       timeout_seconds = cluster.collective_timeout_seconds if cluster is not None else 0.0
     self._settings = tf_collectives.CollectiveSettings(

@@ -90,7 +90,7 @@ class PlacementMeshImpl(MeshImpl):
                        "masters='sliced' keeps no master to use as a slice. Pass one of them.")
     self._devices = devices
     self._cpus_of_one_process = cpus_of_one_process(devices)
-    self.share_replicas = self._cpus_of_one_process if share_replicas is None else share_replicas
+    self._share_replicas = share_replicas
     self.master_as_slice = master_as_slice
     self._masters = masters
     if masters == "sliced":
@@ -126,7 +126,7 @@ class PlacementMeshImpl(MeshImpl):
       slice_shape = mesh_impl.slice_shape(shape)
       master_pnum = _processor_holding_master(variable, mesh_impl, slice_shape == shape.to_integer_list)
       self._slice_is_master = mesh_impl.size == 1 and master_pnum == 0
-      if getattr(mesh_impl, "share_replicas", False):
+      if mesh_impl.share_replicas:
         self._owners = _replica_owners(shape, mesh_impl, master_pnum)
       else:
         self._owners = list(range(len(mesh_impl.devices)))
@@ -197,6 +197,16 @@ class PlacementMeshImpl(MeshImpl):
   @property
   def devices(self):
     return self._devices
+
+  @property
+  def share_replicas(self) -> bool:
+    """Whether processors with equal slices of a variable share one slice variable.
+
+    Unless set at construction: when this process's devices are all CPUs of one process.
+    """
+    if self._share_replicas is None:
+      return cpus_of_one_process(self._devices)
+    return self._share_replicas
 
   @property
   def masters(self) -> str:
