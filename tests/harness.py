@@ -68,6 +68,9 @@ BACKENDS = {
         shape, layout, devices, fuse_slicewise=False),
     "collective_unfused": lambda shape, layout, devices: mtf.collective_mesh_impl.CollectiveMeshImpl(
         shape, layout, devices, fuse_slicewise=False),
+    # Every device its own replica of variables and replicated computations, as on GPUs.
+    "placement_unshared": lambda shape, layout, devices: mtf.placement_mesh_impl.PlacementMeshImpl(
+        shape, layout, devices, share_replicas=False),
 }
 
 

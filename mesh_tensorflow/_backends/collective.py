@@ -99,7 +99,7 @@ class CollectiveMeshImpl(PlacementMeshImpl):
           f"masters='whole' (the default): every process gathers whole masters, so the chief can "
           f"write checkpoints holding every variable (docs/multi_process.md).")
     self._devices = [self._all_devices[p] for p in self._local_pnums]
-    self._program = DeviceProgram(self._devices, jit_compile)
+    self._program = DeviceProgram(self._devices, jit_compile, self.share_replicas)
     if timeout_seconds is None:
       timeout_seconds = cluster.collective_timeout_seconds if cluster is not None else 0.0
     self._settings = tf_collectives.CollectiveSettings(
@@ -143,11 +143,11 @@ class CollectiveMeshImpl(PlacementMeshImpl):
     if not mesh_axes:
       return x
     return self._by_group(x, mesh_axes, lambda xs, d: tf_collectives.allreduce(
-        xs, d, reduction_fn_string, self._settings))
+        xs, d, reduction_fn_string, self._settings, share_result=self.share_replicas))
 
   def allconcat(self, x, mesh_axis, concat_axis):
     return self._by_group(x, [mesh_axis], lambda xs, d: tf_collectives.allconcat(
-        xs, d, concat_axis, self._settings))
+        xs, d, concat_axis, self._settings, share_result=self.share_replicas))
 
   def alltoall(self, x, mesh_axis, split_axis, concat_axis):
     return self._by_group(x, [mesh_axis], lambda xs, d: tf_collectives.alltoall(

@@ -14,6 +14,14 @@ ops computed. The calls run their body as traced (not inlined into the session's
 optimised again per device), so a session starts quickly; with `jit_compile` each call is
 compiled by XLA instead.
 
+With `share_replicas` (CPU devices of one process, where a tensor of one device is read on another
+without a copy), devices whose arguments are the very same tensors share one call: a value the
+layout replicates (a layer norm of replicated activations, the update of a replicated variable) is
+computed once per distinct slice instead of once per device, and every device holding that slice
+gets the same tensor. Computations are kept in one open segment per *signature* (which devices
+hold equal values), so the replicated part of a layer is not dragged into the per-device calls of
+the split part that follows it.
+
 A computation is built per device, as before, where fusing could change its meaning: outside a
 Lowering, in eager mode, inside control flow or control dependencies, for arguments that are not
 tensors or numbers, and when tracing it fails.
@@ -51,13 +59,15 @@ class DeviceProgram:
   Args:
     devices: one TF device string per slice this program holds, in slice order.
     jit_compile: compile each segment with XLA (one compiled cluster per device).
+    share_replicas: devices given the same argument tensors share one call and its results.
   """
 
-  def __init__(self, devices: list, jit_compile: bool = False):
+  def __init__(self, devices: list, jit_compile: bool = False, share_replicas: bool = False):
     self._devices = list(devices)
     self.jit_compile = jit_compile
+    self.share_replicas = share_replicas
     self._graph = None  # the TF graph a Lowering builds in; None: nothing is fused
-    self._segment: Optional[_Segment] = None
+    self._segments: dict = {}  # signature -> its open _Segment
     self.is_needed: Callable = lambda laid_out: True
 
   @contextlib.contextmanager
@@ -80,10 +90,15 @@ class DeviceProgram:
       self._graph, self.is_needed = previous
 
   def flush(self) -> None:
-    """Builds the open segment's calls (values nobody holds any more are dropped)."""
-    if self._segment is not None:
-      segment, self._segment = self._segment, None
+    """Builds the open segments' calls (values nobody holds any more are dropped)."""
+    segments, self._segments = self._segments, {}
+    for segment in segments.values():
       segment.close()
+
+  def detach(self, segment: _Segment) -> None:
+    """segment takes no more computations (it is being built)."""
+    if self._segments.get(segment.signature) is segment:
+      del self._segments[segment.signature]
 
   def slicewise(self, fn: Callable, inputs: list, laid_out_cls: type):
     """fn traced once into the open segment: a pending laid_out_cls (or a tuple of them).
@@ -93,12 +108,30 @@ class DeviceProgram:
     """
     if not self._can_fuse():
       return None
-    if self._segment is None:
-      self._segment = _Segment(self, self._graph)
     try:
-      return self._segment.trace(fn, inputs, laid_out_cls)
+      signature = self._signature(inputs)
+      if signature not in self._segments:
+        self._segments[signature] = _Segment(self, self._graph, signature)
+      return self._segments[signature].trace(fn, inputs, laid_out_cls)
     except _Unfusable:
       return None
+
+  def _signature(self, inputs: list) -> tuple:
+    """Per device, the first device computing the same values from these inputs.
+
+    Without share_replicas every device computes its own: (0, 1, ..., n - 1).
+    """
+    n = len(self._devices)
+    if not self.share_replicas:
+      return tuple(range(n))
+    classes = [()] * n
+    for x in inputs:
+      if isinstance(x, LaidOutTensor):
+        mine = x.is_pending and x.pending_segment.program is self
+        x_signature = x.pending_segment.signature if mine else _signature_of(x.tensor_list, n)
+        classes = [c + (s,) for c, s in zip(classes, x_signature)]
+    first = {}
+    return tuple(first.setdefault(c, d) for d, c in enumerate(classes))
 
   def _can_fuse(self) -> bool:
     if self._graph is None or tf.executing_eagerly():
@@ -108,15 +141,27 @@ class DeviceProgram:
       return False
     if graph._get_control_flow_context() is not None:  # pylint: disable=protected-access
       return False
-    return self._segment is None or not self._segment.tracing
+    return not any(segment.tracing for segment in self._segments.values())
+
+
+def _signature_of(values: list, n: int) -> tuple:
+  """Per device, the first device holding the same value (the same tensor, or an equal number)."""
+  if len(values) != n:
+    raise _Unfusable()
+  if not all(isinstance(v, (tf.Tensor, numbers.Number)) for v in values):
+    raise _Unfusable()
+  first = {}
+  return tuple(first.setdefault(id(v) if isinstance(v, tf.Tensor) else ("number", v), d)
+               for d, v in enumerate(values))
 
 
 class _Segment:
   """An open trace: slicewise computations not built yet, and the per-device values they read."""
 
-  def __init__(self, program: DeviceProgram, graph):
-    self._program = program
+  def __init__(self, program: DeviceProgram, graph, signature: tuple):
+    self.program = program
     self.graph = graph
+    self.signature = signature  # per device, the device whose call it shares
     with graph.as_default():
       self._trace_graph = func_graph_lib.FuncGraph(f"mtf_segment_{next(_segment_numbers)}")
     self._arguments = []  # (placeholder, one value per device)
@@ -160,7 +205,7 @@ class _Segment:
     if x.is_pending and x.pending_segment is self:
       return x.traced
     values = x.tensor_list  # another program's pending value is built now
-    if len(values) != len(self._program._devices):  # pylint: disable=protected-access
+    if len(values) != len(self.program._devices):  # pylint: disable=protected-access
       raise _Unfusable()
     if all(isinstance(v, tf.Tensor) and v.graph is self.graph for v in values):
       if len({(v.dtype, tuple(v.shape.as_list() if v.shape.rank is not None else [None]))
@@ -194,9 +239,7 @@ class _Segment:
     """x's tensors are asked for: the segment is built (called by LaidOutTensor)."""
     if self.tracing:  # a computation being traced reads a pending value: build it per device
       raise _Unfusable()
-    program = self._program
-    if program._segment is self:  # pylint: disable=protected-access
-      program._segment = None  # pylint: disable=protected-access
+    self.program.detach(self)
     if not self._closed:
       self.close()
     if x.is_pending:  # not needed when the segment was built: computed again from its inputs
@@ -211,15 +254,15 @@ class _Segment:
     """
     self._closed = True
     held = [x for x in (ref() for ref in self._pending) if x is not None and x.is_pending]
-    needed = [x for x in held if self._program.is_needed(x)]
-    self._pending = [weakref.ref(x) for x in held if not self._program.is_needed(x)]
+    needed = [x for x in held if self.program.is_needed(x)]
+    self._pending = [weakref.ref(x) for x in held if not self.program.is_needed(x)]
     self._build(needed)
 
   def _build(self, values: list) -> None:
     """Calls the traced function with `values` as outputs on every device, and fills them."""
     if not values:
       return
-    n = len(self._program._devices)  # pylint: disable=protected-access
+    n = len(self.program._devices)  # pylint: disable=protected-access
     per_device = {}  # id(traced tensor) -> one value per device
     for placeholder, arguments in self._arguments:
       per_device[id(placeholder)] = arguments
@@ -245,13 +288,16 @@ class _Segment:
     fg.inputs = [p for p, _ in self._arguments] + [inner for _, inner in captures]
     fg.outputs = list(outputs)
     fg.structured_outputs = list(outputs)
-    jit = self._program.jit_compile and len(fg.get_operations()) >= _MIN_OPS_TO_COMPILE
+    jit = self.program.jit_compile and len(fg.get_operations()) >= _MIN_OPS_TO_COMPILE
     attrs = {"_noinline": True, "_XlaMustCompile": True} if jit else {"_noinline": True}
     self._functions += 1
     function = atomic_function.from_func_graph(f"{fg.name}_{self._functions}", fg, attrs)
     calls = []
     with _at_top_level(self.graph), _calls_instantiated_as_traced():
-      for d, device in enumerate(self._program._devices):  # pylint: disable=protected-access
+      for d, device in enumerate(self.program._devices):  # pylint: disable=protected-access
+        if self.signature[d] != d:  # the same arguments as an earlier device: its results
+          calls.append(calls[self.signature[d]])
+          continue
         with tf.device(device):
           args = [tf.constant(values[d], p.dtype) if not isinstance(values[d], tf.Tensor)
                   else values[d] for p, values in self._arguments]

@@ -97,7 +97,7 @@ class PlacementMeshImpl(MeshImpl):
       self.LaidOutVariable = SlicedLaidOutVariable  # what Variable.lower builds, for this mesh
     self._fuse_slicewise = fuse_slicewise
     self._jit_compile = jit_compile
-    self._program = DeviceProgram(devices, jit_compile)
+    self._program = DeviceProgram(devices, jit_compile, self.share_replicas)
 
   class LaidOutTensor(laid_out.LaidOutTensor):
     """One tf.Tensor per processor, in pnum order."""
@@ -110,8 +110,8 @@ class PlacementMeshImpl(MeshImpl):
     dtypes agree and the master is a resource variable), so no device holds a second copy of it.
 
     With share_replicas, processors whose slices are equal share the first one's slice variable:
-    the others read it (a tf.identity on their device) and their assignments are dropped, since
-    mtf gives every replica of a tensor the same value.
+    the others use its read (the same tf.Tensor, so the device program computes with it once)
+    and their assignments are dropped, since mtf gives every replica of a tensor the same value.
 
     The graph reads each slice once (a snapshot) and every assignment waits for those reads, so a
     step that both reads and updates a variable sees its old value everywhere. In eager mode the
@@ -164,12 +164,12 @@ class PlacementMeshImpl(MeshImpl):
       """A fresh read of every slice (ReadVariable uses it to see values assigned earlier)."""
       reads = []
       for i, (device, slice_var) in enumerate(zip(self._mesh_impl.devices, self._slices)):
+        if self._owners[i] != i:  # the owner's read itself, so computations on it are shared too
+          reads.append(reads[self._owners[i]])
+          continue
         with tf.device(device):
-          if self._owners[i] != i:
-            reads.append(tf.identity(reads[self._owners[i]]))
-          else:
-            reads.append(slice_var.read_value() if hasattr(slice_var, "read_value")
-                         else tf.identity(slice_var))
+          reads.append(slice_var.read_value() if hasattr(slice_var, "read_value")
+                       else tf.identity(slice_var))
       return self._mesh_impl.LaidOutTensor(reads)
 
     def assign_to_slices(self, assign_fn, values):
@@ -270,16 +270,21 @@ class PlacementMeshImpl(MeshImpl):
   def allreduce(self, x, mesh_axes, reduction_fn_string):
     if self._cpus_of_one_process:
       def collective(xs, devices):
-        return tf_collectives.allreduce(xs, devices, reduction_fn_string)
+        return tf_collectives.allreduce(xs, devices, reduction_fn_string,
+                                        share_result=self.share_replicas)
     else:
       def collective(xs, devices):
         return ring_collectives.allreduce_ring(xs, devices, reduction_fn_string)
     return self._collective_with_groups(x, mesh_axes, collective)
 
   def allconcat(self, x, mesh_axis, concat_axis):
-    concat = (ring_collectives.allconcat_direct if self._cpus_of_one_process
-              else ring_collectives.allconcat_ring)
-    return self._collective_with_groups(x, [mesh_axis], lambda xs, devices: concat(xs, devices, concat_axis))
+    if self._cpus_of_one_process:
+      def collective(xs, devices):
+        return tf_collectives.allconcat(xs, devices, concat_axis, share_result=self.share_replicas)
+    else:
+      def collective(xs, devices):
+        return ring_collectives.allconcat_ring(xs, devices, concat_axis)
+    return self._collective_with_groups(x, [mesh_axis], collective)
 
   def alltoall(self, x, mesh_axis, split_axis, concat_axis):
     return self._collective_with_groups(

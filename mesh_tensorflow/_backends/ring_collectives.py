@@ -108,13 +108,6 @@ def allconcat_ring(xs: list, devices: list, concat_axis: int) -> list:
   return parallel(devices, tf.concat, parts, axis=[concat_axis] * n)
 
 
-def allconcat_direct(xs: list, devices: list, concat_axis: int) -> list:
-  """Every member concatenates all pieces itself (one op per member; for devices of one process)."""
-  if len(xs) == 1:
-    return xs
-  return parallel(devices, tf.concat, [list(xs)] * len(xs), axis=[concat_axis] * len(xs))
-
-
 def alltoall_pointtwise(xs: list, devices: list, split_axis: int, concat_axis: int) -> list:
   """Member i sends its j-th piece (split along split_axis) to member j, directly."""
   n = len(xs)

@@ -114,8 +114,12 @@ def _rank_order(devices) -> list:
 
 
 def allreduce(xs: list, devices: list, reduction_fn_string: str,
-              settings: Optional[CollectiveSettings] = None) -> list:
+              settings: Optional[CollectiveSettings] = None, share_result: bool = False) -> list:
   """Every member gets the reduction ("SUM", "MAX", "MIN") of all members' tensors.
+
+  share_result: with the in-process path, this process's members get the one reduced tensor
+  itself, on the first member's device, rather than a copy each (for CPU devices of one process,
+  where that is no copy; a device program then computes what follows from it once).
 
   With `in_process_fast_path` (the default), this process reduces its own members' tensors on its
   first member's device, and when other processes hold members, one `CollectiveReduceV2` per
@@ -147,10 +151,20 @@ def allreduce(xs: list, devices: list, reduction_fn_string: str,
       total = _collective(tf.raw_ops.CollectiveReduceV2, total, _first_member_per_process(devices), key,
                           settings, _REDUCE_DTYPES, merge_op=_MERGE_OPS[reduction_fn_string],
                           final_op="Id")
-  ret = [None] * n
-  for i in local:
+  return _to_local_members(total, xs, devices, share_result)
+
+
+def _to_local_members(value, xs: list, devices: list, share_result: bool) -> list:
+  """value for each member this process holds (None for the others): itself, or a copy each."""
+  ret = [None] * len(xs)
+  for i, x in enumerate(xs):
+    if x is None:
+      continue
+    if share_result:
+      ret[i] = value
+      continue
     with tf.device(devices[i]):
-      ret[i] = tf.identity(total)
+      ret[i] = tf.identity(value)
   return ret
 
 
@@ -223,13 +237,20 @@ def _gather(xs: list, devices: list, key: int, settings: Optional[CollectiveSett
 
 
 def allconcat(xs: list, devices: list, concat_axis: int,
-              settings: Optional[CollectiveSettings] = None) -> list:
-  """Every member gets all members' tensors concatenated along concat_axis, in member order."""
+              settings: Optional[CollectiveSettings] = None, share_result: bool = False) -> list:
+  """Every member gets all members' tensors concatenated along concat_axis, in member order.
+
+  share_result: with every member in this process, one concat on the first member's device,
+  whose result every member gets (as for allreduce).
+  """
   n = len(xs)
   if n == 1 or _fast_path(xs, settings):
     next_instance_key()
     if n == 1:
       return list(xs)
+    if share_result:
+      with tf.device(devices[0]):
+        return [tf.concat(xs, axis=concat_axis)] * n
     ret = []
     for device in devices:  # one concat per member, its inputs copied from their devices
       with tf.device(device):

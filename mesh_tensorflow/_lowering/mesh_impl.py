@@ -238,15 +238,20 @@ class MeshImpl:
     return self.slicewise(tf_fn, old_slices)
 
   def make_slices(self, tf_tensor, tensor_shape: Shape) -> list:
-    """Per-processor slices of a whole tf tensor, in pnum order, on the tensor's device."""
-    layout = self.tensor_layout(tensor_shape)
-    slice_shape = self.slice_shape(tensor_shape)
+    """Per-processor slices of a whole tf tensor, in pnum order, on the tensor's device.
 
-    def my_fn(pnum):
-      if layout.is_fully_replicated:
-        return tf_tensor
-      return tf.slice(tf_tensor, self.slice_begin(tensor_shape, pnum), slice_shape)
-    return parallel([_device_of(tf_tensor)] * self.size, my_fn, list(range(self.size)))
+    Processors holding the same part of it get the same tensor (sliced once).
+    """
+    if self.tensor_layout(tensor_shape).is_fully_replicated:
+      return [tf_tensor] * self.size
+    slice_shape = self.slice_shape(tensor_shape)
+    begins = [tuple(self.slice_begin(tensor_shape, pnum)) for pnum in range(self.size)]
+    by_begin = {}
+    with tf.device(_device_of(tf_tensor)):
+      for begin in begins:
+        if begin not in by_begin:
+          by_begin[begin] = tf.slice(tf_tensor, begin, slice_shape)
+    return [by_begin[begin] for begin in begins]
 
   def combine_slices(self, slices: list, tensor_shape: Shape, device=None):
     """Inverse of make_slices: concatenates slices (pnum order) along split axes."""

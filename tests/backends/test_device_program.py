@@ -1,5 +1,7 @@
 """Fused slicewise computations: one traced program per device, the same results as per-device ops."""
 
+import collections
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -31,8 +33,10 @@ def _mlp(mesh, seed=0):
 def test_fused_lowering_equals_per_device_ops_in_values_and_gradients(mesh_layout, seed):
   fused = lower_and_evaluate(lambda m: _mlp(m, seed), *mesh_layout, backend="placement")
   unfused = lower_and_evaluate(lambda m: _mlp(m, seed), *mesh_layout, backend="placement_unfused")
-  for a, b in zip(fused, unfused):
+  unshared = lower_and_evaluate(lambda m: _mlp(m, seed), *mesh_layout, backend="placement_unshared")
+  for a, b, c in zip(fused, unfused, unshared):
     assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert_allclose(c, b, rtol=1e-6, atol=1e-6)
 
 
 def _chain(mesh, length):
@@ -42,16 +46,22 @@ def _chain(mesh, length):
   return x
 
 
-def _ops_of_lowering(num_devices, length=40, fuse=True):
+def _ops_of_lowering(num_devices, length=40, fuse=True, mesh_shape=None, layout="batch:all",
+                     **impl_kwargs):
   """TF ops in the outer graph after lowering and exporting a chain of elementwise ops."""
   with tf.Graph().as_default() as graph:
     mtf_graph = mtf.Graph()
     mesh = mtf.Mesh(mtf_graph, "mesh")
     y = _chain(mesh, length)
     impl = mtf.placement_mesh_impl.PlacementMeshImpl(
-        f"all:{num_devices}", "batch:all", cpu_devices(num_devices), fuse_slicewise=fuse)
+        mesh_shape or f"all:{num_devices}", layout, cpu_devices(num_devices), fuse_slicewise=fuse,
+        **impl_kwargs)
     mtf.Lowering(mtf_graph, {mesh: impl}).export_to_tf_tensor(y)
     return graph.get_operations()
+
+
+def _call_devices(ops):
+  return sorted(op.device for op in ops if op.type == "PartitionedCall")
 
 
 def test_one_device_builds_its_ops_directly_unless_compiled():
@@ -67,8 +77,46 @@ def test_program_grows_by_one_call_per_device_not_by_a_copy_of_every_op():
 
 
 def test_each_device_runs_its_call_on_its_own_device():
-  calls = [op for op in _ops_of_lowering(4) if op.type == "PartitionedCall"]
-  assert sorted(op.device for op in calls) == [f"/device:CPU:{i}" for i in range(4)]
+  assert _call_devices(_ops_of_lowering(4)) == [f"/device:CPU:{i}" for i in range(4)]
+
+
+def test_a_replicated_computation_is_one_call_whose_results_every_device_shares():
+  assert _call_devices(_ops_of_lowering(8, layout="")) == ["/device:CPU:0"]
+
+
+def test_a_partly_replicated_computation_is_one_call_per_distinct_slice():
+  ops = _ops_of_lowering(8, mesh_shape="b:2;m:4", layout="batch:b")
+  assert _call_devices(ops) == ["/device:CPU:0", "/device:CPU:4"]
+
+
+def test_without_shared_replicas_every_device_computes_its_own_replica():
+  ops = _ops_of_lowering(8, layout="", share_replicas=False)
+  assert _call_devices(ops) == [f"/device:CPU:{i}" for i in range(8)]
+
+
+def test_the_replicated_part_of_a_computation_stays_out_of_the_split_parts_calls():
+  rng = np.random.RandomState(0)
+  x_value, w_value = rng.randn(8, 4).astype(np.float32), rng.randn(4, 16).astype(np.float32)
+  with tf.Graph().as_default() as graph:
+    mtf_graph = mtf.Graph()
+    mesh = mtf.Mesh(mtf_graph, "mesh")
+    batch, d, h = mtf.Dimension("batch", 8), mtf.Dimension("d", 4), mtf.Dimension("h", 16)
+    x = mtf.import_tf_tensor(mesh, tf.constant(x_value), [batch, d])
+    w = mtf.import_tf_tensor(mesh, tf.constant(w_value), [d, h])
+    normed = mtf.tanh(x * 2.0 + 1.0)  # replicated: [batch, d] is not split
+    y = mtf.relu(mtf.einsum([normed, w], [batch, h]))  # split along h
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "h:all", cpu_devices(8))
+    tf_y = mtf.Lowering(mtf_graph, {mesh: impl}).export_to_tf_tensor(y)
+    called = collections.Counter(op.get_attr("f").name for op in graph.get_operations()
+                                 if op.type == "PartitionedCall")
+    bodies = {f.signature.name: {node.op for node in f.node_def}
+              for f in graph.as_graph_def().library.function}
+    with tf.Session(config=session_config()) as sess:
+      got = sess.run(tf_y)
+  assert sorted(called.values()) == [1, 8]  # the replicated segment once, the split one per device
+  replicated, split = sorted(called, key=called.get)
+  assert "Tanh" in bodies[replicated] and "Tanh" not in bodies[split] and "Relu" in bodies[split]
+  np.testing.assert_allclose(got, np.maximum(np.tanh(x_value * 2 + 1) @ w_value, 0), rtol=1e-5, atol=1e-5)
 
 
 def _pending_after(fn):

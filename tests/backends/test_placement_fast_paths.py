@@ -21,22 +21,33 @@ def test_cpus_of_one_process_tells_local_cpus_from_gpus_and_other_tasks(devices,
   assert cpus_of_one_process(devices) is expected
 
 
-def _op_types_of_allreduce(devices, shape=(64, 64)):
-  """The TF op types an 8-way SUM allreduce builds (graph only, not run)."""
+def _allreduce_graph(devices, shape=(64, 64), **impl_kwargs):
+  """The TF op types an 8-way SUM allreduce builds (graph only, not run), and its results."""
   with tf.Graph().as_default() as graph:
-    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "", devices)
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "", devices, **impl_kwargs)
     xs = []
     for d in devices:
       with tf.device(d):
         xs.append(tf.placeholder(tf.float32, shape))
     before = len(graph.get_operations())
-    impl.allreduce(impl.LaidOutTensor(xs), [0], "SUM")
-    return [op.type for op in graph.get_operations()[before:]]
+    results = impl.allreduce(impl.LaidOutTensor(xs), [0], "SUM").tensor_list
+    return [op.type for op in graph.get_operations()[before:]], results
 
 
-def test_allreduce_on_cpus_of_one_process_is_one_add_n_and_a_copy_per_device():
-  types = _op_types_of_allreduce(cpu_devices(8))
+def _op_types_of_allreduce(devices):
+  return _allreduce_graph(devices)[0]
+
+
+def test_allreduce_on_cpus_of_one_process_is_one_add_n_shared_by_every_device():
+  types, results = _allreduce_graph(cpu_devices(8))
+  assert types == ["AddN"]
+  assert all(r is results[0] for r in results)
+
+
+def test_allreduce_without_shared_replicas_copies_the_sum_to_each_device():
+  types, results = _allreduce_graph(cpu_devices(8), share_replicas=False)
   assert sorted(types) == ["AddN"] + ["Identity"] * 8
+  assert [r.device for r in results] == [tf.DeviceSpec.from_string(d).to_string() for d in cpu_devices(8)]
 
 
 def test_allreduce_across_tasks_keeps_the_chunked_ring():

@@ -24,9 +24,10 @@ class VariableSpec(NamedTuple):
   make_optimizer: Callable
 
 
-def mesh_impl(mesh_shape, layout):
+def mesh_impl(mesh_shape, layout, **impl_kwargs):
   mesh_shape = mtf.convert_to_shape(mesh_shape)
-  return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, cpu_devices(mesh_shape.size))
+  return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, cpu_devices(mesh_shape.size),
+                                                   **impl_kwargs)
 
 
 def train(specs: Sequence[VariableSpec], grads: Sequence[dict], mesh_shape="all:1", layout="",

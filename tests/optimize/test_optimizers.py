@@ -127,7 +127,8 @@ def test_optimizer_state_is_sharded_like_its_variable():
     mtf.optimize.MomentumOptimizer(0.1, 0.9).apply_grads([w], [w.operation])
     mtf.optimize.AdamWeightDecayOptimizer(0.1).apply_grads([w], [w.operation])
     mtf.optimize.AdafactorOptimizer().apply_grads([u], [u.operation])
-    impl = mesh_impl("rows:2;cols:4", "a:rows;b:cols;c:rows;d:cols")
+    # Each processor its own replica, so that every one of the 8 holds a slice on its device.
+    impl = mesh_impl("rows:2;cols:4", "a:rows;b:cols;c:rows;d:cols", share_replicas=False)
     lowering = mtf.Lowering(graph, {mesh: impl}, autostack=False)
     expected_slice_shapes = {
         "w": [4, 1], "w_momentum_v": [4, 1], "w/adam_m": [4, 1], "w/adam_v": [4, 1],
