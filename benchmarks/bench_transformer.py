@@ -11,13 +11,15 @@ against what the layout needs (each processor's slices of every variable, optimi
                                            [--dtype float32|bfloat16] [--no_graph_optimizer]
                                            [--master_as_slice] [--masters whole|sliced]
                                            [--sweep] [--sweep_devices 1,2,...]
-                                           [--jit_compile] [--no_fuse]
+                                           [--jit_compile] [--no_fuse] [--intra_op_threads N]
+                                           [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -78,9 +80,15 @@ class Case:
     return statistics.median(self.step_times)
 
 
+# Threads per kernel of every session (0: TF's default, every core). One value per process: TF
+# fixes a process's CPU thread pools when its first session starts.
+SESSION_OPTIONS = {"intra_op_threads": 0}
+
+
 def _session(graph, num_cpus: int, graph_optimizer: bool) -> tf.Session:
   """A session on num_cpus virtual CPUs; graph_optimizer False skips TF's graph optimisation passes."""
-  config = tf.ConfigProto(device_count={"CPU": num_cpus})
+  config = tf.ConfigProto(device_count={"CPU": num_cpus},
+                          intra_op_parallelism_threads=SESSION_OPTIONS["intra_op_threads"])
   config.graph_options.rewrite_options.disable_meta_optimizer = not graph_optimizer
   return tf.Session(graph=graph, config=config)
 
@@ -266,7 +274,12 @@ def main(argv: Optional[list] = None) -> None:
                       help="leave out the hand-written data-parallel plain TF case")
   parser.add_argument("--sweep", action="store_true", help="data-parallel device-count sweep instead")
   parser.add_argument("--sweep_devices", default="1,2,4,8,16,32,64")
+  parser.add_argument("--intra_op_threads", type=int, default=0,
+                      help="threads per kernel in every session of this run (0: TF's default, every "
+                           "core; 1: what mtf's session_config_for_devices picks for 8 devices on 2 cores)")
+  parser.add_argument("--json", help="also write the cases' results to this file")
   args = parser.parse_args(argv)
+  SESSION_OPTIONS["intra_op_threads"] = args.intra_op_threads
   tf.disable_v2_behavior()
   tf.logging.set_verbosity(tf.logging.ERROR)
   IMPL_OPTIONS.update(masters=args.masters, jit_compile=args.jit_compile,
@@ -275,7 +288,8 @@ def main(argv: Optional[list] = None) -> None:
   dtype = tf.as_dtype(args.dtype)
   opt = not args.no_graph_optimizer
   print(f"load average before: {os.getloadavg()}; CPUs: {os.cpu_count()}; backend: {args.backend}; "
-        f"dtype: {args.dtype}; graph optimizer: {opt}; options: {IMPL_OPTIONS}")
+        f"dtype: {args.dtype}; graph optimizer: {opt}; options: {IMPL_OPTIONS}; "
+        f"intra-op threads: {args.intra_op_threads or 'default'}")
   if args.sweep:
     counts = [int(n) for n in args.sweep_devices.split(",")]
     num_cpus = max(counts)
@@ -298,6 +312,10 @@ def main(argv: Optional[list] = None) -> None:
   run_interleaved(cases, args.reps, args.steps, args.warmup)
   print_step_table(cases, cases[0])
   print(f"\nload average after: {os.getloadavg()}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump([{"name": c.name, "step_ms": c.median_step_s * 1e3, "lowering_s": c.build_s,
+                  "first_step_s": c.first_step_s, "ops": c.num_ops} for c in cases], f, indent=1)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow._backends import ring_collectives
-from mesh_tensorflow._backends.placement import cpus_of_one_process
+from mesh_tensorflow._backends.placement import cpus_of_one_process, session_config_for_devices
 from tests.harness import MODES, cpu_devices, run_tf
 
 TWO_TASKS = [f"/job:worker/task:{t}/device:CPU:{c}" for t in range(2) for c in range(4)]
@@ -84,3 +84,36 @@ def test_in_process_and_ring_algorithms_give_the_same_results(mode):
     np.testing.assert_array_equal(got[4 + k], got[k])
     np.testing.assert_array_equal(got[8 + k], np.concatenate(xs, 1))
     np.testing.assert_array_equal(got[12 + k], got[8 + k])
+
+
+def test_session_config_gives_each_kernel_its_processors_share_of_the_cores():
+  config = session_config_for_devices(cpu_devices(8), cores=2)
+  assert config.device_count["CPU"] == 8 and config.intra_op_parallelism_threads == 1
+  assert session_config_for_devices(cpu_devices(8), cores=32).intra_op_parallelism_threads == 4
+
+
+@pytest.mark.parametrize("devices", [["gpu:0", "gpu:1"], TWO_TASKS[:1], ["cpu:0"]])
+def test_session_config_leaves_threads_to_tf_off_several_cpus_of_one_process(devices):
+  assert session_config_for_devices(devices, cores=2).intra_op_parallelism_threads == 0
+
+
+def test_session_config_keeps_what_the_callers_config_sets_and_does_not_change_it():
+  given = tf.ConfigProto(intra_op_parallelism_threads=3, allow_soft_placement=True)
+  given.device_count["CPU"] = 16
+  config = session_config_for_devices(cpu_devices(8), given, cores=2)
+  assert (config.intra_op_parallelism_threads, config.device_count["CPU"]) == (3, 16)
+  assert config.allow_soft_placement and config is not given
+  assert given == tf.ConfigProto(intra_op_parallelism_threads=3, allow_soft_placement=True,
+                                 device_count={"CPU": 16})
+
+
+def test_a_mesh_runs_in_a_session_configured_by_its_backend():
+  with tf.Graph().as_default():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.import_tf_tensor(mesh, tf.range(8.0), [mtf.Dimension("batch", 8)])
+    y = mtf.reduce_sum(x * 2.0, reduced_dim=x.shape.dims[0])
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "batch:all", cpu_devices(8))
+    tf_y = mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(y)
+    with tf.Session(config=impl.session_config()) as sess:
+      assert sess.run(tf_y) == 56.0

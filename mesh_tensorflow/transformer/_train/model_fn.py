@@ -10,7 +10,6 @@ sliced masters: no device holds more variable bytes than its slices) and `SimdMe
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Callable, Optional, Sequence
 
 import tensorflow.compat.v1 as tf
@@ -60,11 +59,10 @@ def make_mesh_impl(mesh_shape, layout_rules, mesh_devices: Optional[Sequence[str
 
 
 def session_config(mesh_devices: Optional[Sequence[str]]) -> tf.ConfigProto:
-  """A session config exposing as many (virtual) CPU devices as mesh_devices names."""
-  cpu_ids = [int(m.group(1)) for d in (mesh_devices or [])
-             for m in [re.search(r"cpu:(\d+)$", d.lower())] if m]
-  device_count = {"CPU": max(cpu_ids) + 1} if cpu_ids else {}
-  return tf.ConfigProto(device_count=device_count, allow_soft_placement=False)
+  """A session config for mesh_devices: as many (virtual) CPU devices as they name, and threads
+  per kernel as `mtf.placement_mesh_impl.session_config_for_devices` chooses."""
+  return mtf.placement_mesh_impl.session_config_for_devices(
+      list(mesh_devices or []), tf.ConfigProto(allow_soft_placement=False))
 
 
 def check_layout_divides(graph, mesh_impl) -> None:
