@@ -6,10 +6,11 @@ Works with any device strings: "" (no placement), "cpu:N", "gpu:N", or
 Collectives pick their algorithm by where the devices are (`benchmarks/bench_transformer.py`
 and `benchmarks/bench_collectives.py` measure them):
 
-* CPU devices of one process: an allreduce is one reduction on the group's first device plus a
-  copy to each member, and an allconcat one concat per member, because copies between CPU
-  devices of one process cost almost nothing (8 MB in 32 tensors over 8 devices: ~3 ms, against
-  ~40 ms for a ring of copies or TF's CollectiveReduceV2);
+* CPU devices of one process: an allreduce is one reduction on the group's first device, and an
+  allconcat one concat, whose result every member reads (with share_replicas; else a copy, or a
+  concat, per member), because reading between CPU devices of one process costs almost nothing
+  (8 MB in 32 tensors over 8 devices: ~3 ms, against ~40 ms for a ring of copies or TF's
+  CollectiveReduceV2);
 * anything else (GPUs, devices of several tasks or hosts): bidirectional rings of copies
   (`ring_collectives.py`), which spread the bytes each link carries.
 """
@@ -64,8 +65,10 @@ class PlacementMeshImpl(MeshImpl):
     jit_compile: compile each fused per-device program with XLA.
     share_replicas: processors holding equal slices of a variable (the layout replicates it
       along some mesh dimensions) share one slice variable, on the first one's device, which is
-      updated once per step. None (default): share when every device is a CPU of this process,
-      where reading a tensor of another device is no copy; GPUs keep a replica each.
+      updated once per step; and processors holding equal values share one computation of what
+      follows from them (the device program's calls, collectives' results). None (default):
+      share when every device is a CPU of this process, where reading a tensor of another
+      device is no copy; GPUs keep a replica each and compute it in parallel.
 
   Raises:
     ValueError: the number of devices differs from the number of processors, or an unknown
