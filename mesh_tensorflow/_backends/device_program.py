@@ -130,8 +130,7 @@ class DeviceProgram:
         mine = x.is_pending and x.pending_segment.program is self
         x_signature = x.pending_segment.signature if mine else _signature_of(x.tensor_list, n)
         classes = [c + (s,) for c, s in zip(classes, x_signature)]
-    first = {}
-    return tuple(first.setdefault(c, d) for d, c in enumerate(classes))
+    return _first_with_equal_key(classes)
 
   def _can_fuse(self) -> bool:
     if self._graph is None or tf.executing_eagerly():
@@ -150,9 +149,13 @@ def _signature_of(values: list, n: int) -> tuple:
     raise _Unfusable()
   if not all(isinstance(v, (tf.Tensor, numbers.Number)) for v in values):
     raise _Unfusable()
+  return _first_with_equal_key([id(v) if isinstance(v, tf.Tensor) else ("number", v) for v in values])
+
+
+def _first_with_equal_key(keys: list) -> tuple:
+  """Per position, the first position whose key equals its key: a signature."""
   first = {}
-  return tuple(first.setdefault(id(v) if isinstance(v, tf.Tensor) else ("number", v), d)
-               for d, v in enumerate(values))
+  return tuple(first.setdefault(key, d) for d, key in enumerate(keys))
 
 
 class _Segment:
