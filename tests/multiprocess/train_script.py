@@ -2,8 +2,9 @@
 
 Run directly (one process, 8 virtual CPUs) or under `python -m mesh_tensorflow.launch`. Every
 task writes its per-step losses and gradients to <out>/rank<R>.json; the chief saves a checkpoint
-after every step. --die_at_step kills task 1 (SIGKILL) there; --restore resumes from the latest
-checkpoint in --ckpt_dir. Tests also call `train` in their own process (1 x 8 reference).
+after every step. --die_at_step kills task 1 (SIGKILL) there, once the chief has saved the steps
+before it (its save would otherwise race the launcher stopping the chief); --restore resumes
+from the latest checkpoint in --ckpt_dir. Tests also call `train` in their own process (1 x 8 reference).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import functools
 import json
 import os
 import signal
+import time
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -84,6 +86,7 @@ def train(mesh_shape: str, layout: str, steps: int, cluster=None, ckpt_dir: str 
       for _ in range(steps):
         step = int(sess.run(step_var))
         if step == die_at_step and rank == 1:
+          _wait_for_the_chiefs_checkpoint(ckpt_dir, step)
           os.kill(os.getpid(), signal.SIGKILL)
         values = run(fetches)
         run(train_op)
@@ -95,6 +98,22 @@ def train(mesh_shape: str, layout: str, steps: int, cluster=None, ckpt_dir: str 
             saver.save(sess, os.path.join(ckpt_dir, "model"), global_step=step + 1)
         print(f"step {step} loss {values[0]:.6f}", flush=True)
   return records
+
+
+def _wait_for_the_chiefs_checkpoint(ckpt_dir: str, step: int, timeout_seconds: float = 60.0) -> None:
+  """Until the chief's checkpoint after `step` steps is written (if a ckpt_dir is given).
+
+  The launcher stops every task when one dies, so dying at once would race the chief's save of
+  the step before; the tests want that checkpoint whole.
+  """
+  if not ckpt_dir or step == 0:
+    return
+  deadline = time.monotonic() + timeout_seconds
+  while not (tf.train.latest_checkpoint(ckpt_dir) or "").endswith(f"model-{step}"):
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"the chief wrote no checkpoint model-{step} in {ckpt_dir} "
+                         f"within {timeout_seconds} s")
+    time.sleep(0.05)
 
 
 def main():
