@@ -18,7 +18,6 @@ from typing import Optional, Sequence
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._backends import tf_collectives
-from mesh_tensorflow._backends.device_program import DeviceProgram
 from mesh_tensorflow._backends.placement import PlacementMeshImpl
 from mesh_tensorflow._core.layout import processor_groups
 from mesh_tensorflow._launch.cluster import Cluster
@@ -98,8 +97,7 @@ class CollectiveMeshImpl(PlacementMeshImpl):
           f"process holds {len(self._local_pnums)} of the mesh's {self.size}. Across processes use "
           f"masters='whole' (the default): every process gathers whole masters, so the chief can "
           f"write checkpoints holding every variable (docs/multi_process.md).")
-    self._devices = [self._all_devices[p] for p in self._local_pnums]
-    self._program = DeviceProgram(self._devices, jit_compile, self.share_replicas)
+    self._compute_on([self._all_devices[p] for p in self._local_pnums], share_replicas)
     if timeout_seconds is None:
       timeout_seconds = cluster.collective_timeout_seconds if cluster is not None else 0.0
     self._settings = tf_collectives.CollectiveSettings(

@@ -93,16 +93,20 @@ class PlacementMeshImpl(MeshImpl):
     if masters == "sliced" and master_as_slice:
       raise ValueError("PlacementMeshImpl: master_as_slice=True applies to whole masters; "
                        "masters='sliced' keeps no master to use as a slice. Pass one of them.")
-    self._devices = devices
     self._cpus_of_one_process = cpus_of_one_process(devices)
-    self._share_replicas = share_replicas
     self.master_as_slice = master_as_slice
     self._masters = masters
     if masters == "sliced":
       self.LaidOutVariable = SlicedLaidOutVariable  # what Variable.lower builds, for this mesh
     self._fuse_slicewise = fuse_slicewise
     self._jit_compile = jit_compile
-    self._program = DeviceProgram(devices, jit_compile, self.share_replicas)
+    self._compute_on(devices, share_replicas)
+
+  def _compute_on(self, devices: list, share_replicas: Optional[bool]) -> None:
+    """The devices this process holds slices on, whether they share replicas, and their program."""
+    self._devices = devices
+    self._share_replicas = cpus_of_one_process(devices) if share_replicas is None else share_replicas
+    self._program = DeviceProgram(devices, self._jit_compile, self._share_replicas)
 
   class LaidOutTensor(laid_out.LaidOutTensor):
     """One tf.Tensor per processor, in pnum order."""
@@ -205,12 +209,10 @@ class PlacementMeshImpl(MeshImpl):
 
   @property
   def share_replicas(self) -> bool:
-    """Whether processors with equal slices of a variable share one slice variable.
+    """Whether processors with equal slices share one slice variable and one computation of them.
 
     Unless set at construction: when this process's devices are all CPUs of one process.
     """
-    if self._share_replicas is None:
-      return cpus_of_one_process(self._devices)
     return self._share_replicas
 
   def session_config(self, config: Optional[tf.ConfigProto] = None) -> tf.ConfigProto:
