@@ -40,6 +40,7 @@ from mesh_tensorflow._ops.conv import *
 from mesh_tensorflow._ops.custom_gradient import *
 from mesh_tensorflow._ops.einsum import *
 from mesh_tensorflow._ops.elementwise import *
+from mesh_tensorflow._ops.gather import *
 from mesh_tensorflow._ops.halo import *
 from mesh_tensorflow._ops.indexing import *
 from mesh_tensorflow._ops.io import *

@@ -31,11 +31,12 @@ def softmax_cross_entropy_with_logits(logits: mtf.Tensor, targets: mtf.Tensor, v
     raise ValueError(
         f"softmax_cross_entropy_with_logits: soft targets {targets.shape} must have the same dims as "
         f"logits {logits.shape}; for class ids pass an integer Tensor.")
+  if z_loss == 0:  # one log_softmax kernel per slice where the vocabulary is whole
+    return mtf.negative(mtf.reduce_sum(mtf.log_softmax(logits, vocab_dim) * targets,
+                                       reduced_dim=vocab_dim))
   log_z = mtf.reduce_logsumexp(logits, vocab_dim)
   loss = mtf.negative(mtf.reduce_sum((logits - log_z) * targets, reduced_dim=vocab_dim))
-  if z_loss != 0:
-    loss += z_loss * mtf.square(log_z)
-  return loss
+  return loss + z_loss * mtf.square(log_z)
 
 
 def sigmoid_cross_entropy_with_logits(logits: mtf.Tensor, targets: mtf.Tensor) -> mtf.Tensor:

@@ -261,24 +261,27 @@ def reciprocal(x: Tensor, name: str = "reciprocal") -> Tensor:
                 lambda op, dy: [negative(dy * square(op.outputs[0]))])
 
 
-def _slope(x: Tensor, negative_slope: float = 0.0) -> Tensor:
-  """1 where x > 0, else `negative_slope`, in x's dtype: the derivative of (leaky) relu."""
-  def slope(t):
-    positive = tf.cast(t > 0, t.dtype)
-    if not negative_slope:
-      return positive
-    return positive + (1 - positive) * tf.cast(negative_slope, t.dtype)
-  return cwise(slope, [x], grad_function=0, name="relu_slope")
+def _relu_grad(dy: Tensor, x: Tensor, alpha: float = 0.0) -> Tensor:
+  """dy where x > 0, else alpha * dy: (leaky) relu's gradient as one TF kernel per slice.
+
+  It is linear in dy (so its own gradient is itself, with x fixed) and constant in x.
+  """
+  def grad_kernel(g, t):
+    if alpha:
+      return tf.raw_ops.LeakyReluGrad(gradients=g, features=t, alpha=alpha)
+    return tf.raw_ops.ReluGrad(gradients=g, features=t)
+  return cwise(grad_kernel, [dy, x], name="leaky_relu_grad" if alpha else "relu_grad",
+               grad_function=lambda op, ddx: [_relu_grad(ddx, op.inputs[1], alpha), None])
 
 
 def relu(x: Tensor, name: str = "relu") -> Tensor:
-  return _unary(tf.nn.relu, x, name, lambda op, dy: [dy * _slope(op.inputs[0])], needs_float=False)
+  return _unary(tf.nn.relu, x, name, lambda op, dy: [_relu_grad(dy, op.inputs[0])], needs_float=False)
 
 
 def leaky_relu(x: Tensor, alpha: float = 0.2) -> Tensor:
   """max(x, alpha * x); the gradient is dy where x > 0 and alpha * dy elsewhere."""
   return _unary(lambda t: tf.nn.leaky_relu(t, alpha), x, "leaky_relu",
-                lambda op, dy: [dy * _slope(op.inputs[0], alpha)])
+                lambda op, dy: [_relu_grad(dy, op.inputs[0], alpha)])
 
 
 def logical_not(x: Tensor, name: str = "logical_not") -> Tensor:

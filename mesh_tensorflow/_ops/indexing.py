@@ -17,6 +17,7 @@ from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import binary as binary_ops
 from mesh_tensorflow._ops import einsum as einsum_ops
 from mesh_tensorflow._ops import elementwise as elementwise_ops
+from mesh_tensorflow._ops import gather as gather_ops
 from mesh_tensorflow._ops import io as io_ops
 from mesh_tensorflow._ops import random as random_ops
 from mesh_tensorflow._ops import reduce as reduce_ops
@@ -80,10 +81,12 @@ def one_hot(indices: Tensor, output_dim, on_value=1.0, off_value=0.0, dtype: tf.
 
 
 def gather(weights: Tensor, indices: Union[Tensor, int], dim, output_shape=None) -> Tensor:
-  """weights[..., indices, ...] along `dim`, as an einsum with one_hot(indices, dim).
+  """weights[..., indices, ...] along `dim`: an einsum with one_hot(indices, dim), in effect.
 
   The default output shape is indices.shape followed by weights.shape without `dim`.
   A python int index selects one slice (`dim` disappears). The gradient reaches `weights`.
+  An index outside [0, dim.size) selects zeros. When indices share no dim with weights (an
+  embedding lookup) the rows are gathered (GatherOperation) instead of multiplied out.
   """
   dim = convert_to_dimension(dim)
   output_shape = convert_to_shape(output_shape)
@@ -93,6 +96,9 @@ def gather(weights: Tensor, indices: Union[Tensor, int], dim, output_shape=None)
   if weights.dtype == tf.bool:
     return elementwise_ops.cast(
         gather(elementwise_ops.to_float(weights), indices, dim, output_shape), tf.bool)
+  if gather_ops.can_gather_rows(weights, indices, dim, output_shape):
+    default_shape = indices.shape + (weights.shape - dim)
+    return gather_ops.GatherOperation(weights, indices, dim, output_shape or default_shape).outputs[0]
   return einsum_ops.einsum([one_hot(indices, dim, dtype=weights.dtype), weights],
                            reduced_dims=[dim], output_shape=output_shape)
 

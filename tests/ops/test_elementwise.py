@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mesh_tensorflow as mtf
-from tests.harness import MAX_EXAMPLES, MODES, assert_op_matches_tf, lower_and_evaluate, mesh_and_layout
+from tests.harness import (
+    MAX_EXAMPLES, MODES, assert_allclose, assert_op_matches_tf, lower_and_evaluate, mesh_and_layout)
 
 SIZES = {"a": 4, "b": 2, "c": 8}
 
@@ -248,3 +249,22 @@ def test_slicewise_bad_arguments_raise():
     mtf.slicewise(lambda s: (s, s), [x], output_shape=[x.shape], output_dtype=[tf.float32, tf.float32])
   two = mtf.slicewise(lambda s: (s, s), [x], output_dtype=[tf.float32, tf.int32])
   assert [t.shape for t in two] == [x.shape, x.shape] and two[1].dtype == tf.int32
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("alpha", [None, 0.3])
+def test_relu_gradient_is_linear_in_dy_and_so_is_its_own_gradient(mode, alpha):
+  """relu's gradient (one ReluGrad kernel per slice) differentiated again, with respect to dy."""
+  x_np = np.array([[-2.0, 0.5], [3.0, -0.1]], np.float32)
+  v_np = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+  fn = mtf.relu if alpha is None else (lambda t: mtf.leaky_relu(t, alpha))
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(x_np), "a:2;b:2")
+    u = mtf.zeros(mesh, "a:2;b:2")
+    dx, = mtf.gradients([mtf.reduce_sum(fn(x) * u)], [x])
+    du, = mtf.gradients([mtf.reduce_sum(dx * mtf.import_tf_tensor(mesh, tf.constant(v_np), "a:2;b:2"))],
+                        [u])
+    return [du]
+  du, = lower_and_evaluate(build, "rows:2;cols:2", "a:rows;b:cols", mode)
+  assert_allclose(du, np.where(x_np > 0, v_np, (alpha or 0.0) * v_np))

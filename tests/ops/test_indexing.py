@@ -119,6 +119,80 @@ def test_gather_python_int_bool_weights_and_output_shape(mode):
   assert_allclose(reordered, weights[[1, 0]].T)
 
 
+@settings_
+@given(mesh_and_layout(SIZES), st.sampled_from(MODES))
+def test_gather_of_out_of_range_indices_selects_zeros_and_passes_no_gradient(mesh_layout, mode):
+  """The one-hot semantics, kept by the row gather when vocab is split or whole."""
+  weights = np.random.RandomState(4).randn(8, 2).astype(np.float32)
+  indices = np.array([[-1, 0], [7, 8], [3, 100], [-5, 7]], np.int32)
+
+  def tf_fn(w, ids):
+    found = tf.logical_and(ids >= 0, ids < 8)
+    return tf.gather(w, tf.where(found, ids, tf.zeros_like(ids))) * tf.cast(found, w.dtype)[..., None]
+  assert_op_matches_tf(lambda w, ids: mtf.gather(w, ids, VOCAB), tf_fn,
+                       [(weights, [VOCAB, D]), (indices, [BATCH, SEQ])], *mesh_layout, mode=mode)
+
+
+@settings_
+@given(mesh_and_layout(SIZES), st.sampled_from(MODES))
+def test_gather_along_a_middle_dim_into_a_reordered_output(mesh_layout, mode):
+  weights = np.random.RandomState(5).randn(2, 8, 4).astype(np.float32)  # [d, vocab, batch]
+  indices = np.random.RandomState(6).randint(0, 8, size=(2,)).astype(np.int32)
+  assert_op_matches_tf(
+      lambda w, ids: mtf.gather(w, ids, VOCAB, output_shape=[BATCH, SEQ, D]),
+      lambda w, ids: tf.transpose(tf.gather(w, ids, axis=1), [2, 1, 0]),
+      [(weights, [D, VOCAB, BATCH]), (indices, [SEQ])], *mesh_layout, mode=mode)
+
+
+@settings_
+@given(mesh_and_layout(SIZES), st.sampled_from(MODES))
+def test_batched_gather_with_a_dim_shared_by_weights_and_indices(mesh_layout, mode):
+  """Indices that share a dim with weights take the one-hot einsum: a row per batch entry."""
+  weights = np.random.RandomState(7).randn(4, 8).astype(np.float32)
+  indices = np.random.RandomState(8).randint(0, 8, size=(4, 2)).astype(np.int32)
+  assert_op_matches_tf(
+      lambda w, ids: mtf.gather(w, ids, VOCAB),
+      lambda w, ids: tf.gather(w, ids, batch_dims=1),
+      [(weights, [BATCH, VOCAB]), (indices, [BATCH, SEQ])], *mesh_layout, mode=mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradient_of_the_gather_gradient_is_a_gather(mode):
+  """ScatterAddOperation (the gather's gradient) is linear in its rows; its gradient gathers."""
+  weights = np.random.RandomState(9).randn(8, 2).astype(np.float32)
+  indices = np.array([[1, 1], [0, 7], [9, 3], [2, 2]], np.int32)
+  v = np.random.RandomState(10).randn(8, 2).astype(np.float32)
+
+  def build(mesh):
+    w, ids = _import(mesh, weights, [VOCAB, D]), _import(mesh, indices, [BATCH, SEQ])
+    u = mtf.zeros(mesh, [BATCH, SEQ, D])
+    dw, = mtf.gradients([mtf.reduce_sum(mtf.gather(w, ids, VOCAB) * u)], [w])
+    du, = mtf.gradients([mtf.reduce_sum(dw * _import(mesh, v, [VOCAB, D]))], [u])
+    return [du]
+  du, = lower_and_evaluate(build, "rows:2;cols:4", "vocab:cols;batch:rows", mode=mode)
+  found = (indices >= 0) & (indices < 8)
+  assert_allclose(du, np.where(found[..., None], v[np.clip(indices, 0, 7)], 0))
+
+
+def test_embedding_lookup_lowers_to_a_row_gather_not_a_one_hot_matmul():
+  """On one device the lookup and its gradient are GatherV2 and UnsortedSegmentSum kernels."""
+  with tf.Graph().as_default() as tf_graph:
+    mesh = mtf.Mesh(mtf.Graph(), "m")
+    w = mtf.get_variable(mesh, "w", [VOCAB, D])
+    ids = mtf.zeros(mesh, [BATCH, SEQ], dtype=tf.int32)
+    loss = mtf.reduce_sum(mtf.gather(w, ids, VOCAB))
+    dw, = mtf.gradients([loss], [w])
+    kinds = {type(op).__name__ for op in mesh.graph.operations}
+    assert {"GatherOperation", "ScatterAddOperation"} <= kinds
+    assert not kinds & {"OneHotOperation", "EinsumOperation"}
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:1", "", ["/cpu:0"], fuse_slicewise=False)
+    lowering = mtf.Lowering(mesh.graph, {mesh: impl})
+    lowering.export_to_tf_tensor(dw)
+  tf_kinds = {op.type for op in tf_graph.get_operations()}
+  assert {"GatherV2", "UnsortedSegmentSum"} <= tf_kinds
+  assert not tf_kinds & {"OneHot", "Einsum", "MatMul", "BatchMatMulV2"}
+
+
 def test_gather_along_missing_dim_raises():
   mesh = mtf.Mesh(mtf.Graph(), "m")
   with pytest.raises(ValueError, match=r"gather: dim .*'seq'.* is not a dimension of"):

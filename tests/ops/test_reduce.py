@@ -212,3 +212,29 @@ def test_unknown_reduction_raises(x):
 def test_output_dims_not_in_the_input_raise(x):
   with pytest.raises(ValueError, match=r"\[Dimension\(name='d', size=3\)\].*can only drop dimensions"):
     mtf.reduce_sum(x, output_shape=[mtf.Dimension("d", 3)])
+
+
+@pytest.mark.parametrize("fn,kernel", [(mtf.softmax, "Softmax"), (mtf.log_softmax, "LogSoftmax")])
+def test_softmax_over_a_whole_dim_is_one_kernel_and_over_a_split_dim_allreduces(fn, kernel):
+  def op_types(layout):
+    with tf.Graph().as_default() as tf_graph:
+      mesh = mtf.Mesh(mtf.Graph(), "m")
+      x = mtf.zeros(mesh, _shape_string("abc"))
+      y = fn(x, x.shape.get_dim_by_name("c"))
+      impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:4", layout, cpu_devices(4),
+                                                       fuse_slicewise=False)
+      lowering = mtf.Lowering(mesh.graph, {mesh: impl})
+      lowering.export_to_tf_tensor(y)
+    return [op.type for op in tf_graph.get_operations()], lowering.communication_events
+  whole, no_events = op_types("b:all")
+  assert whole.count(kernel) == 4 and "Exp" not in whole and not no_events
+  split, events = op_types("c:all")
+  assert kernel not in split and "Exp" in split
+  assert [e.reason for e in events] == ["softmax_op", "softmax_op"]
+
+
+def test_softmax_of_integers_raises_naming_the_tensor():
+  mesh = mtf.Mesh(mtf.Graph(), "m")
+  ints = mtf.import_tf_tensor(mesh, tf.constant([1, 2]), "a:2", name="ints")
+  with pytest.raises(ValueError, match=r"softmax: tensor 'ints:0' has dtype int32.*to_float"):
+    mtf.softmax(ints, ints.shape.dims[0])
