@@ -7,7 +7,8 @@ first step under each setting, the step as a ratio to plain TF on one device *un
 defaults* (what a plain-TF user gets). One thread per kernel is what `session_config_for_devices`
 picks for 8 virtual devices on 2 cores (mtf.placement_mesh_impl; the Transformer driver uses it).
 
-    python benchmarks/bench_session_config.py [--rounds 3] [-- bench_transformer.py flags]
+    python benchmarks/bench_session_config.py [--rounds 3] [--settings "TF defaults,..."]
+                                              [-- bench_transformer.py flags]
 """
 
 from __future__ import annotations
@@ -44,12 +45,15 @@ def run_bench(flags: list) -> dict:
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--settings", default=",".join(SETTINGS),
+                      help="comma-separated names of SETTINGS (the reference needs 'TF defaults')")
   parser.add_argument("flags", nargs="*", help="bench_transformer.py flags (after --)")
   args = parser.parse_args(argv)
+  settings = {name: SETTINGS[name] for name in args.settings.split(",")}
   flags = args.flags or ["--reps", "3", "--steps", "3", "--warmup", "1"]
   results = collections.defaultdict(list)  # (setting, case) -> its results, one per round
   for _ in range(args.rounds):
-    for setting, setting_flags in SETTINGS.items():
+    for setting, setting_flags in settings.items():
       for name, case in run_bench(setting_flags + flags).items():
         results[setting, name].append(case)
 
@@ -63,7 +67,7 @@ def main(argv=None) -> None:
   print("| case | setting | step ms | ratio | lowering s | first step s |")
   print("|---|---|---|---|---|---|")
   for name in names:
-    for setting in SETTINGS:
+    for setting in settings:
       ms = median(setting, name, "step_ms")
       print(f"| {name} | {setting} | {ms:.1f} | {ms / reference:.2f}x | "
             f"{median(setting, name, 'lowering_s'):.2f} | {median(setting, name, 'first_step_s'):.2f} |")

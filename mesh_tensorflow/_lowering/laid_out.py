@@ -92,11 +92,13 @@ class LaidOutVariable:
   _copy_fns: Optional[tuple] = None  # (to slices, to master) builders, for eager mode
 
   def _build_copies(self, mesh_impl, to_slices: Callable, to_master: Callable) -> None:
-    """Graph mode builds both copy ops now; eager mode runs the first copy now (it initialises the
-    slices) and each later copy when it is asked for."""
+    """Graph mode builds the copy to the slices now (initialisation needs it) and the copy to the
+    master when it is first asked for (only saving needs it; building it was a sixth of the
+    lowering at 8 devices); eager mode runs the first copy now (it initialises the slices) and
+    each later copy when it is asked for."""
     self._copy_fns = (to_slices, to_master)
     self._copy_master_to_slices = mesh_impl.register_copy_master_to_slices(to_slices)
-    self._copy_slices_to_master = None if tf.executing_eagerly() else to_master()
+    self._copy_slices_to_master = None
 
   def read(self) -> LaidOutTensor:
     """The slices as they are now (a fresh read for ReadVariable)."""
@@ -115,9 +117,12 @@ class LaidOutVariable:
 
   @property
   def copy_slices_to_master(self):
-    """The copy op built at lowering; in eager mode (with _build_copies), the copy itself, run now."""
+    """The copy op (with _build_copies, built at the first request); in eager mode the copy
+    itself, run now."""
     if self._copy_fns and tf.executing_eagerly():
       return self._copy_fns[1]()
+    if self._copy_slices_to_master is None and self._copy_fns:
+      self._copy_slices_to_master = self._copy_fns[1]()
     return self._copy_slices_to_master
 
 

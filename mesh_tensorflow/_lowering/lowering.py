@@ -62,13 +62,16 @@ class Lowering:
         for out in op.outputs:
           self.add_counter("output/%s" % type(op).__name__, self.laid_out_size(out))
           self.add_counter("output_unique/%s" % type(op).__name__, out.size)
-    # Built now, in graph mode: grouping them later would mark these ops (TF sets an attribute on a
-    # control input) after a session may have run the graph, which TF warns will become an error.
-    # Outside any rewrite (e.g. a TPU computation being built), where the copies themselves live.
+    # The copy to the slices is built now, in graph mode: grouping it later would mark its ops
+    # (TF sets an attribute on a control input) after a session may have run the graph, which TF
+    # warns will become an error. The copy to the masters, which only saving needs, is built
+    # whole (its ops and their group) at the first request. Both outside any rewrite (e.g. a TPU
+    # computation being built), where the copies themselves live.
     self._copies = None
-    if not tf.executing_eagerly():
+    self._tf_graph = None if tf.executing_eagerly() else tf.get_default_graph()
+    if self._tf_graph is not None:
       with outside_all_rewrites():
-        self._copies = (self._build_copy_masters_to_slices(), self._build_copy_slices_to_masters())
+        self._copies = [self._build_copy_masters_to_slices(), None]
     with _opened(log_file) as f:
       log_variable_sizes(graph.trainable_variables, "Trainable Variables", verbose=True,
                          mesh_to_impl=mesh_to_impl, log_file=f)
@@ -160,11 +163,17 @@ class Lowering:
   def copy_slices_to_masters(self):
     """One op copying every variable's slices into its master: run it before saving a checkpoint.
 
-    In eager mode the copies run at once. Graph mode returns the op built during lowering.
+    In eager mode the copies run at once. Graph mode builds the op at the first call (in the
+    lowering's TF graph, outside control dependencies) and returns that op from then on.
     Without whole masters (`PlacementMeshImpl(masters="sliced")`) only float32 shadows of
     other-dtype slices are filled.
     """
-    return self._copies[1] if self._copies else self._build_copy_slices_to_masters()
+    if not self._copies:
+      return self._build_copy_slices_to_masters()
+    if self._copies[1] is None:
+      with self._tf_graph.as_default(), outside_all_rewrites():
+        self._copies[1] = self._build_copy_slices_to_masters()
+    return self._copies[1]
 
   def _build_copy_masters_to_slices(self):
     if sequence_mode() and self.variables:

@@ -102,6 +102,36 @@ def test_a_step_that_reads_and_updates_sees_the_old_value_graph(mesh_shape, layo
       np.testing.assert_array_equal(sess.run(w.operation.get_master()), INIT + 3)
 
 
+@pytest.mark.parametrize("mesh_shape,layout", LAYOUTS[1:])
+def test_the_copy_to_masters_is_built_at_its_first_request_in_the_lowerings_graph(mesh_shape, layout):
+  """Only saving needs it, so lowering leaves it out. Asked for from another default graph, it is
+  built in the lowering's graph; asked again under control dependencies, it is the same op."""
+  with tf.Graph().as_default() as tf_graph:
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    w = _var(mesh)
+    update = mtf.assign(w, w + 1.0)
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(
+        mesh_shape, layout, cpu_devices(mtf.convert_to_shape(mesh_shape).size))
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    tf_update = lowering.lowered_operation(update)
+    lowered_ops = set(tf_graph.get_operations())
+    barrier = tf.no_op(name="barrier")
+  with tf.Graph().as_default():
+    copy_back = lowering.copy_slices_to_masters()
+  assert copy_back.graph is tf_graph
+  copy_ops = set(tf_graph.get_operations()) - lowered_ops - {barrier}
+  assert copy_back in copy_ops and not any(barrier in op.control_inputs for op in copy_ops)
+  with tf_graph.as_default(), tf.control_dependencies([barrier]):
+    assert lowering.copy_slices_to_masters() is copy_back
+  with tf.Session(graph=tf_graph, config=session_config()) as sess:
+    sess.run(tf.global_variables_initializer())
+    sess.run(lowering.copy_masters_to_slices())
+    sess.run(tf_update)
+    sess.run(copy_back)
+    np.testing.assert_array_equal(sess.run(w.operation.get_master()), INIT + 1)
+
+
 def test_assign_validates_target_and_shape():
   mesh = mtf.Mesh(mtf.Graph(), "m")
   w = _var(mesh)
