@@ -43,6 +43,17 @@ class _RowIndexing(Operation):
     self._outputs = [Tensor(self, output_shape, dtype)]
     self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
+  def _adjoint(self) -> type:
+    raise NotImplementedError
+
+  def gradient(self, grad_ys):
+    """Both ops are linear in their first input: the gradient is the adjoint op (gather <->
+    scatter-add) of the incoming gradient, shaped as that input. Indices get none."""
+    dy = grad_ys[0]
+    if dy is None:
+      return [None, None]
+    return [self._adjoint()(dy, self._indices, self._dim, self.inputs[0].shape).outputs[0], None]
+
   def _check_layout(self, mesh_impl, weights_shape: Shape) -> None:
     """The einsum this op stands for needs one layout for indices' and weights' dims together;
     tensor_layout raises, naming the dims, when two of them want the same mesh dimension."""
@@ -73,12 +84,8 @@ class GatherOperation(_RowIndexing):
                name: Optional[str] = None):
     super().__init__([weights, indices], indices, dim, output_shape, weights.dtype, name or "gather")
 
-  def gradient(self, grad_ys):
-    dy = grad_ys[0]
-    if dy is None:
-      return [None, None]
-    weights = self.inputs[0]
-    return [ScatterAddOperation(dy, self._indices, self._dim, weights.shape).outputs[0], None]
+  def _adjoint(self) -> type:
+    return ScatterAddOperation
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
@@ -116,12 +123,8 @@ class ScatterAddOperation(_RowIndexing):
     super().__init__([updates, indices], indices, dim, weights_shape, updates.dtype,
                      name or "scatter_add")
 
-  def gradient(self, grad_ys):
-    ddw = grad_ys[0]
-    if ddw is None:
-      return [None, None]
-    updates = self.inputs[0]
-    return [GatherOperation(ddw, self._indices, self._dim, updates.shape).outputs[0], None]
+  def _adjoint(self) -> type:
+    return GatherOperation
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)

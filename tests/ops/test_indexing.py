@@ -90,15 +90,36 @@ def test_one_hot_of_float_indices_raises_and_adds_no_op():
 
 # ---- gather ----
 
+def _gather_within_range(w, ids):
+  found = tf.logical_and(ids >= 0, ids < 8)
+  return tf.gather(w, tf.where(found, ids, tf.zeros_like(ids))) * tf.cast(found, w.dtype)[..., None]
+
+
+_RNG = np.random.RandomState(2)
+# name -> (mtf gather, the same in TF, (weights, dims), (indices, dims))
+GATHERS = {
+    "rows": (lambda w, ids: mtf.gather(w, ids, VOCAB), lambda w, ids: tf.gather(w, ids),
+             (_RNG.randn(8, 2), [VOCAB, D]), (_RNG.randint(0, 8, size=(4, 2)), [BATCH, SEQ])),
+    # the one-hot semantics: an index out of range selects zeros and gets no gradient
+    "out of range": (lambda w, ids: mtf.gather(w, ids, VOCAB), _gather_within_range,
+                     (_RNG.randn(8, 2), [VOCAB, D]),
+                     (np.array([[-1, 0], [7, 8], [3, 100], [-5, 7]]), [BATCH, SEQ])),
+    "middle dim, reordered output": (
+        lambda w, ids: mtf.gather(w, ids, VOCAB, output_shape=[BATCH, SEQ, D]),
+        lambda w, ids: tf.transpose(tf.gather(w, ids, axis=1), [2, 1, 0]),
+        (_RNG.randn(2, 8, 4), [D, VOCAB, BATCH]), (_RNG.randint(0, 8, size=(2,)), [SEQ])),
+    # indices sharing a dim with weights take the one-hot einsum: a row per batch entry
+    "batched": (lambda w, ids: mtf.gather(w, ids, VOCAB), lambda w, ids: tf.gather(w, ids, batch_dims=1),
+                (_RNG.randn(4, 8), [BATCH, VOCAB]), (_RNG.randint(0, 8, size=(4, 2)), [BATCH, SEQ])),
+}
+
+
 @settings_
-@given(mesh_and_layout(SIZES), st.sampled_from(MODES))
-def test_gather_matches_tf_with_gradient_under_any_layout(mesh_layout, mode):
-  weights = np.random.RandomState(2).randn(8, 2).astype(np.float32)
-  indices = np.random.RandomState(3).randint(0, 8, size=(4, 2)).astype(np.int32)
-  assert_op_matches_tf(
-      lambda w, ids: mtf.gather(w, ids, VOCAB),
-      lambda w, ids: tf.gather(w, ids),
-      [(weights, [VOCAB, D]), (indices, [BATCH, SEQ])], *mesh_layout, mode=mode)
+@given(st.sampled_from(sorted(GATHERS)), mesh_and_layout(SIZES), st.sampled_from(MODES))
+def test_gather_matches_tf_with_gradient_under_any_layout(case, mesh_layout, mode):
+  mtf_fn, tf_fn, (weights, weight_dims), (indices, index_dims) = GATHERS[case]
+  assert_op_matches_tf(mtf_fn, tf_fn, [(weights.astype(np.float32), weight_dims),
+                                       (indices.astype(np.int32), index_dims)], *mesh_layout, mode=mode)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -117,43 +138,6 @@ def test_gather_python_int_bool_weights_and_output_shape(mode):
   assert by_bool.dtype == bool
   np.testing.assert_array_equal(by_bool, flags[[1, 0]])
   assert_allclose(reordered, weights[[1, 0]].T)
-
-
-@settings_
-@given(mesh_and_layout(SIZES), st.sampled_from(MODES))
-def test_gather_of_out_of_range_indices_selects_zeros_and_passes_no_gradient(mesh_layout, mode):
-  """The one-hot semantics, kept by the row gather when vocab is split or whole."""
-  weights = np.random.RandomState(4).randn(8, 2).astype(np.float32)
-  indices = np.array([[-1, 0], [7, 8], [3, 100], [-5, 7]], np.int32)
-
-  def tf_fn(w, ids):
-    found = tf.logical_and(ids >= 0, ids < 8)
-    return tf.gather(w, tf.where(found, ids, tf.zeros_like(ids))) * tf.cast(found, w.dtype)[..., None]
-  assert_op_matches_tf(lambda w, ids: mtf.gather(w, ids, VOCAB), tf_fn,
-                       [(weights, [VOCAB, D]), (indices, [BATCH, SEQ])], *mesh_layout, mode=mode)
-
-
-@settings_
-@given(mesh_and_layout(SIZES), st.sampled_from(MODES))
-def test_gather_along_a_middle_dim_into_a_reordered_output(mesh_layout, mode):
-  weights = np.random.RandomState(5).randn(2, 8, 4).astype(np.float32)  # [d, vocab, batch]
-  indices = np.random.RandomState(6).randint(0, 8, size=(2,)).astype(np.int32)
-  assert_op_matches_tf(
-      lambda w, ids: mtf.gather(w, ids, VOCAB, output_shape=[BATCH, SEQ, D]),
-      lambda w, ids: tf.transpose(tf.gather(w, ids, axis=1), [2, 1, 0]),
-      [(weights, [D, VOCAB, BATCH]), (indices, [SEQ])], *mesh_layout, mode=mode)
-
-
-@settings_
-@given(mesh_and_layout(SIZES), st.sampled_from(MODES))
-def test_batched_gather_with_a_dim_shared_by_weights_and_indices(mesh_layout, mode):
-  """Indices that share a dim with weights take the one-hot einsum: a row per batch entry."""
-  weights = np.random.RandomState(7).randn(4, 8).astype(np.float32)
-  indices = np.random.RandomState(8).randint(0, 8, size=(4, 2)).astype(np.int32)
-  assert_op_matches_tf(
-      lambda w, ids: mtf.gather(w, ids, VOCAB),
-      lambda w, ids: tf.gather(w, ids, batch_dims=1),
-      [(weights, [BATCH, VOCAB]), (indices, [BATCH, SEQ])], *mesh_layout, mode=mode)
 
 
 @pytest.mark.parametrize("mode", MODES)
