@@ -61,13 +61,16 @@ class _RowIndexing(Operation):
 
   def _local_rows(self, mesh_impl, lowering):
     """(laid-out indices, laid-out offset of each shard's first row or None, rows per shard)."""
-    indices = lowering.tensors[self._indices]
-    mesh_axis = mesh_impl.tensor_dimension_to_mesh_axis(self._dim)
-    depth = self._dim.size if mesh_axis is None else self._dim.size // mesh_impl.shape[mesh_axis].size
-    if mesh_axis is None:
-      return indices, None, depth
-    offset = mesh_impl.slicewise(lambda pcoord: pcoord * depth, mesh_impl.laid_out_pcoord(mesh_axis))
-    return indices, offset, depth
+    return (lowering.tensors[self._indices],) + shard_offset_and_size(mesh_impl, self._dim)
+
+
+def shard_offset_and_size(mesh_impl, dim: Dimension) -> tuple:
+  """(each processor's first position along `dim`, laid out, or None if dim is whole; its size)."""
+  mesh_axis = mesh_impl.tensor_dimension_to_mesh_axis(dim)
+  if mesh_axis is None:
+    return None, dim.size
+  depth = dim.size // mesh_impl.shape[mesh_axis].size
+  return mesh_impl.slicewise(lambda pcoord: pcoord * depth, mesh_impl.laid_out_pcoord(mesh_axis)), depth
 
 
 def _shift_and_mask(ids, offset, depth):
@@ -80,8 +83,10 @@ def _shift_and_mask(ids, offset, depth):
 class GatherOperation(_RowIndexing):
   """weights[..., indices, ...] along `dim`, transposed to `output_shape`; see the module doc."""
 
-  def __init__(self, weights: Tensor, indices: Tensor, dim: Dimension, output_shape: Shape,
-               name: Optional[str] = None):
+  def __init__(self, weights: Tensor, indices: Tensor, dim: Dimension,
+               output_shape: Optional[Shape] = None, name: Optional[str] = None):
+    """output_shape None: indices' dims followed by weights' dims without `dim`."""
+    output_shape = output_shape or indices.shape + (weights.shape - dim)
     super().__init__([weights, indices], indices, dim, output_shape, weights.dtype, name or "gather")
 
   def _adjoint(self) -> type:

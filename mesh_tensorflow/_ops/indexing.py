@@ -56,18 +56,17 @@ class OneHotOperation(Operation):
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
     indices = lowering.tensors[self.inputs[0]].to_laid_out_tensor()
-    depth = mesh_impl.slice_shape(self.outputs[0].shape)[-1]
-    mesh_axis = mesh_impl.tensor_dimension_to_mesh_axis(self._output_dim)
-    if mesh_axis is None:
-      offset = 0
-    else:  # this shard holds output positions [pcoord * depth, (pcoord + 1) * depth)
-      offset = mesh_impl.slicewise(lambda pcoord: pcoord * depth, mesh_impl.laid_out_pcoord(mesh_axis))
+    # this shard holds output positions [offset, offset + depth)
+    offset, depth = gather_ops.shard_offset_and_size(mesh_impl, self._output_dim)
 
-    def slicewise_fn(indices_slice, offset):
-      return tf.one_hot(indices_slice - tf.cast(offset, indices_slice.dtype), depth,
+    def slicewise_fn(indices_slice, offset=None):
+      if offset is not None:
+        indices_slice -= tf.cast(offset, indices_slice.dtype)
+      return tf.one_hot(indices_slice, depth,
                         on_value=tf.cast(self._on_value, self._dtype),
                         off_value=tf.cast(self._off_value, self._dtype), dtype=self._dtype)
-    lowering.set_tensor_lowering(self.outputs[0], mesh_impl.slicewise(slicewise_fn, indices, offset))
+    args = [indices] + ([] if offset is None else [offset])
+    lowering.set_tensor_lowering(self.outputs[0], mesh_impl.slicewise(slicewise_fn, *args))
 
 
 def one_hot(indices: Tensor, output_dim, on_value=1.0, off_value=0.0, dtype: tf.DType = tf.float32,
@@ -97,8 +96,7 @@ def gather(weights: Tensor, indices: Union[Tensor, int], dim, output_shape=None)
     return elementwise_ops.cast(
         gather(elementwise_ops.to_float(weights), indices, dim, output_shape), tf.bool)
   if gather_ops.can_gather_rows(weights, indices, dim, output_shape):
-    default_shape = indices.shape + (weights.shape - dim)
-    return gather_ops.GatherOperation(weights, indices, dim, output_shape or default_shape).outputs[0]
+    return gather_ops.GatherOperation(weights, indices, dim, output_shape).outputs[0]
   return einsum_ops.einsum([one_hot(indices, dim, dtype=weights.dtype), weights],
                            reduced_dims=[dim], output_shape=output_shape)
 
