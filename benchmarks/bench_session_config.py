@@ -26,7 +26,7 @@ SETTINGS = {  # name -> bench_transformer.py flags
     "TF defaults": [],
     "1 thread per kernel": ["--intra_op_threads", "1"],
     "no grappler": ["--no_graph_optimizer"],
-    "1 thread per kernel, no grappler": ["--intra_op_threads", "1", "--no_graph_optimizer"],
+    "1 thread per kernel and no grappler": ["--intra_op_threads", "1", "--no_graph_optimizer"],
 }
 REFERENCE = "plain TF, one device (float32)"
 

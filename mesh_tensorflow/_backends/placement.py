@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 import tensorflow.compat.v1 as tf
 from tensorflow.python.ops import resource_variable_ops
 
-from mesh_tensorflow._backends import ring_collectives, tf_collectives
+from mesh_tensorflow._backends import cpu_contraction, ring_collectives, tf_collectives
 from mesh_tensorflow._backends.device_program import DeviceProgram
 from mesh_tensorflow._backends.sliced_variables import SlicedLaidOutVariable
 from mesh_tensorflow._core.layout import processor_groups
@@ -105,6 +105,7 @@ class PlacementMeshImpl(MeshImpl):
   def _compute_on(self, devices: list, share_replicas: Optional[bool]) -> None:
     """The devices this process holds slices on, whether they share replicas, and their program."""
     self._devices = devices
+    self._all_cpus = all_cpus(devices)
     self._share_replicas = cpus_of_one_process(devices) if share_replicas is None else share_replicas
     self._program = DeviceProgram(devices, self._jit_compile, self._share_replicas)
 
@@ -282,6 +283,12 @@ class PlacementMeshImpl(MeshImpl):
         ret[pnum] = y
     return self.LaidOutTensor(ret)
 
+  def einsum(self, equation: str, *slices):
+    """On CPUs, products with few rows and many columns are computed in column blocks."""
+    if self._all_cpus and len(slices) == 2:
+      return cpu_contraction.einsum(equation, *slices)
+    return super().einsum(equation, *slices)
+
   def allreduce(self, x, mesh_axes, reduction_fn_string):
     if self._cpus_of_one_process:
       def collective(xs, devices):
@@ -393,8 +400,12 @@ def session_config_for_devices(devices: Sequence[str], config: Optional[tf.Confi
   return ret
 
 
+def all_cpus(devices) -> bool:
+  """True if every device is a CPU (or unplaced, "")."""
+  return all(tf.DeviceSpec.from_string(d).device_type in (None, "CPU") for d in devices)
+
+
 def cpus_of_one_process(devices) -> bool:
   """True if every device is a CPU (or unplaced, "") of one and the same task."""
   specs = [tf.DeviceSpec.from_string(d) for d in devices]
-  return (all(s.device_type in (None, "CPU") for s in specs)
-          and len({(s.job, s.replica, s.task) for s in specs}) == 1)
+  return all_cpus(devices) and len({(s.job, s.replica, s.task) for s in specs}) == 1

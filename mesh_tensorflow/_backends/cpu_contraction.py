@@ -1,0 +1,112 @@
+"""Two-operand einsums shaped for TF's CPU matmul kernel: many columns are computed in blocks.
+
+TF's CPU MatMul (Eigen's contraction) is slow for a product with few rows and many columns:
+measured single-threaded on a 2-core AVX2 machine (`benchmarks/bench_contraction.py`,
+docs/performance.md), [128, 256] x [256, 1024] took 1.6x to 1.9x as long per flop as the same
+product with 1024 rows, and as four products of 256 columns concatenated it costs 30 to 38% less.
+Slices of data-parallel meshes are exactly such products: each device has a fraction of the rows.
+
+`einsum(equation, x, y)` computes a contraction without batch dimensions (every dimension is a
+row of x, a column of y, or contracted) as a 2-D MatMul whose columns are split in blocks of
+`COLUMN_BLOCK` when it has at most `MAX_ROWS` rows and more than one block of columns (with x
+and y swapped if that makes the rows few: a weight gradient [d, bl] x [bl, f]); anything else is
+tf.einsum. The result is the same up to float rounding: each output element is one
+dot product either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import tensorflow.compat.v1 as tf
+
+MAX_ROWS = 256  # products with more rows run well as one kernel
+COLUMN_BLOCK = 256  # columns per MatMul of a blocked product
+
+
+def einsum(equation: str, x, y):
+  """tf.einsum(equation, x, y), computed in column blocks where TF's CPU MatMul is slow."""
+  if "->" not in equation:
+    return tf.einsum(equation, x, y)
+  inputs, out = equation.split("->")
+  x_letters, _, y_letters = inputs.partition(",")
+  swapped = f"{y_letters},{x_letters}->{out}"
+  for plan, operands in ((_MatmulPlan.of(equation, x.shape, y.shape), (x, y)),
+                         (_MatmulPlan.of(swapped, y.shape, x.shape), (y, x))):
+    if plan is not None and plan.num_rows <= MAX_ROWS and plan.num_cols > COLUMN_BLOCK:
+      return plan.blocked_matmul(*operands)
+  return tf.einsum(equation, x, y)
+
+
+@dataclasses.dataclass(frozen=True)
+class _MatmulPlan:
+  """How an einsum of x and y maps onto one 2-D MatMul: lhs [rows, inner] x rhs [inner, cols]."""
+
+  x_letters: str
+  y_letters: str
+  out_letters: str
+  rows: tuple  # letters of x that are output rows, in x's order
+  inner: tuple  # contracted letters, in x's order
+  cols: tuple  # letters of y that are output columns, in y's order
+  sizes: dict
+
+  @classmethod
+  def of(cls, equation: str, x_shape, y_shape) -> Optional[_MatmulPlan]:
+    """The plan, or None if the einsum is not a plain matrix product of static shapes."""
+    if "." in equation:
+      return None
+    inputs, out = equation.split("->")
+    if inputs.count(",") != 1:
+      return None
+    xl, yl = inputs.split(",")
+    if (len(set(xl)) < len(xl) or len(set(yl)) < len(yl) or len(set(out)) < len(out)
+        or not x_shape.is_fully_defined() or not y_shape.is_fully_defined()):
+      return None
+    rows = tuple(c for c in xl if c not in yl)
+    inner = tuple(c for c in xl if c in yl)
+    cols = tuple(c for c in yl if c not in xl)
+    if set(out) != set(rows + cols) or any(c in out for c in inner):
+      return None  # a batch dimension, a summed-away one or a broadcast one
+    sizes = dict(zip(xl, x_shape.as_list()))
+    sizes.update(zip(yl, y_shape.as_list()))
+    return cls(xl, yl, out, rows, inner, cols, sizes)
+
+  def _size(self, letters) -> int:
+    return math.prod(self.sizes[c] for c in letters)
+
+  @property
+  def num_rows(self) -> int:
+    return self._size(self.rows)
+
+  @property
+  def num_cols(self) -> int:
+    return self._size(self.cols)
+
+  def blocked_matmul(self, x, y):
+    """The einsum as MatMuls of lhs with blocks of COLUMN_BLOCK columns of rhs, concatenated."""
+    lhs, transpose_lhs = _as_matrix(x, self.x_letters, self.rows, self.inner)
+    rhs, transpose_rhs = _as_matrix(y, self.y_letters, self.inner, self.cols)
+    col_axis = 0 if transpose_rhs else 1
+    n = self.num_cols
+    widths = [COLUMN_BLOCK] * (n // COLUMN_BLOCK) + ([n % COLUMN_BLOCK] if n % COLUMN_BLOCK else [])
+    product = tf.concat([tf.matmul(lhs, block, transpose_a=transpose_lhs, transpose_b=transpose_rhs)
+                         for block in tf.split(rhs, widths, axis=col_axis)], axis=1)
+    product = tf.reshape(product, [self.sizes[c] for c in self.rows + self.cols])
+    return _transposed(product, self.rows + self.cols, self.out_letters)
+
+
+def _as_matrix(t, letters: str, first: tuple, second: tuple):
+  """(t as a matrix [first, second], False) or, with no data moved, ([second, first], True)."""
+  sizes = dict(zip(letters, t.shape.as_list()))
+  shape = [math.prod(sizes[c] for c in group) for group in (first, second)]
+  if tuple(letters) == second + first:
+    return tf.reshape(t, shape[::-1]), True
+  return tf.reshape(_transposed(t, letters, first + second), shape), False
+
+
+def _transposed(t, letters, order):
+  """t with its axes (named by letters) in `order`; t itself if they already are."""
+  perm = [list(letters).index(c) for c in order]
+  return t if perm == sorted(perm) else tf.transpose(t, perm)

@@ -1,0 +1,85 @@
+"""Contractions on CPU meshes: products with few rows and many columns run in column blocks."""
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow._backends import cpu_contraction
+from tests.harness import MAX_EXAMPLES, MODES, assert_allclose, assert_op_matches_tf, run_tf
+
+
+@st.composite
+def matrix_products(draw):
+  """(equation, x shape, y shape): rows, contracted and column letters in any order and sizes."""
+  rows, inner, cols = ("ab"[:draw(st.integers(1, 2))], "cd"[:draw(st.integers(1, 2))],
+                       "ef"[:draw(st.integers(1, 2))])
+  sizes = {c: draw(st.sampled_from([1, 3, 8])) for c in rows + inner}
+  sizes.update({c: draw(st.sampled_from([2, 130, 300])) for c in cols})
+  x = "".join(draw(st.permutations(rows + inner)))
+  y = "".join(draw(st.permutations(inner + cols)))
+  out = "".join(draw(st.permutations(rows + cols)))
+  return f"{x},{y}->{out}", [sizes[c] for c in x], [sizes[c] for c in y]
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None)
+@given(matrix_products(), st.sampled_from(MODES))
+def test_blocked_product_matches_numpy_for_any_letter_order(case, mode):
+  equation, x_shape, y_shape = case
+  rng = np.random.RandomState(0)
+  x = rng.uniform(-1, 1, x_shape).astype(np.float32)
+  y = rng.uniform(-1, 1, y_shape).astype(np.float32)
+  [got] = run_tf(mode, lambda: [cpu_contraction.einsum(equation, tf.constant(x), tf.constant(y))])
+  assert_allclose(got, np.einsum(equation, x, y), rtol=1e-4, atol=1e-4)
+
+
+def _op_types(equation, x_shape, y_shape) -> list:
+  with tf.Graph().as_default() as graph:
+    cpu_contraction.einsum(equation, tf.zeros(x_shape), tf.zeros(y_shape))
+  return [op.type for op in graph.get_operations()]
+
+
+@pytest.mark.parametrize("equation,x_shape,y_shape", [
+    ("bld,df->blf", [2, 64, 32], [32, 600]),  # 128 rows, 600 columns: blocks of 256, 256 and 88
+    ("blf,bld->df", [2, 64, 600], [2, 64, 32]),  # a weight gradient: 32 rows once x and y swap
+])
+def test_few_rows_and_many_columns_are_matmuls_of_column_blocks(equation, x_shape, y_shape):
+  types = _op_types(equation, x_shape, y_shape)
+  assert types.count("MatMul") == 3 and "Einsum" not in types
+
+
+@pytest.mark.parametrize("equation,x_shape,y_shape", [
+    ("bld,df->blf", [16, 64, 32], [32, 600]),  # 1024 rows: one kernel runs well
+    ("blf,bld->df", [16, 64, 600], [16, 64, 300]),  # many rows either way round
+    ("bld,df->blf", [2, 64, 32], [32, 256]),  # one block of columns
+    ("bld,bdf->blf", [2, 4, 8], [2, 8, 512]),  # a batch dimension
+    ("bld,df->bf", [2, 4, 8], [8, 512]),  # a dimension summed away
+])
+def test_other_contractions_stay_one_einsum(equation, x_shape, y_shape):
+  types = _op_types(equation, x_shape, y_shape)
+  assert "Einsum" in types and "MatMul" not in types
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mesh_shape,layout", [("all:8", "batch:all"), ("b:2;m:4", "batch:b;d:m")])
+def test_data_parallel_matmul_in_column_blocks_matches_tf_with_gradients(mesh_shape, layout, mode):
+  rng = np.random.RandomState(0)
+  x = (rng.uniform(-1, 1, [16, 4, 8]).astype(np.float32), "batch:16;length:4;d:8")
+  w = (rng.uniform(-1, 1, [8, 600]).astype(np.float32), "d:8;f:600")
+  assert_op_matches_tf(mtf.matmul, lambda a, b: tf.einsum("bld,df->blf", a, b), [x, w],
+                       mesh_shape, layout, mode, rtol=1e-4, atol=1e-4)
+
+
+def test_gpu_meshes_keep_tf_einsum():
+  with tf.Graph().as_default() as graph:
+    mesh = mtf.Mesh(mtf.Graph(), "mesh")
+    x = mtf.import_tf_tensor(mesh, tf.zeros([16, 8]), shape="batch:16;d:8")
+    w = mtf.import_tf_tensor(mesh, tf.zeros([8, 600]), shape="d:8;f:600")
+    y = mtf.matmul(x, w)
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(
+        "all:8", "batch:all", [f"/gpu:{i}" for i in range(8)], fuse_slicewise=False)
+    mtf.Lowering(mesh.graph, {mesh: impl}).export_to_tf_tensor(y)
+  types = [op.type for op in graph.get_operations()]
+  assert "Einsum" in types and "MatMul" not in types
