@@ -22,21 +22,21 @@ from typing import Optional
 
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow._lowering.tf_helpers import transpose_unless_identity
+
 MAX_ROWS = 256  # products with more rows run well as one kernel
 COLUMN_BLOCK = 256  # columns per MatMul of a blocked product
 
 
 def einsum(equation: str, x, y):
   """tf.einsum(equation, x, y), computed in column blocks where TF's CPU MatMul is slow."""
-  if "->" not in equation:
-    return tf.einsum(equation, x, y)
-  inputs, out = equation.split("->")
-  x_letters, _, y_letters = inputs.partition(",")
-  swapped = f"{y_letters},{x_letters}->{out}"
-  for plan, operands in ((_MatmulPlan.of(equation, x.shape, y.shape), (x, y)),
-                         (_MatmulPlan.of(swapped, y.shape, x.shape), (y, x))):
-    if plan is not None and plan.num_rows <= MAX_ROWS and plan.num_cols > COLUMN_BLOCK:
-      return plan.blocked_matmul(*operands)
+  inputs, arrow, out = equation.partition("->")
+  x_letters, comma, y_letters = inputs.partition(",")
+  if arrow and comma and "," not in y_letters and "." not in equation:
+    for plan, operands in ((_MatmulPlan.of(x_letters, y_letters, out, x.shape, y.shape), (x, y)),
+                           (_MatmulPlan.of(y_letters, x_letters, out, y.shape, x.shape), (y, x))):
+      if plan is not None and plan.num_rows <= MAX_ROWS and plan.num_cols > COLUMN_BLOCK:
+        return plan.blocked_matmul(*operands)
   return tf.einsum(equation, x, y)
 
 
@@ -53,14 +53,8 @@ class _MatmulPlan:
   sizes: dict
 
   @classmethod
-  def of(cls, equation: str, x_shape, y_shape) -> Optional[_MatmulPlan]:
-    """The plan, or None if the einsum is not a plain matrix product of static shapes."""
-    if "." in equation:
-      return None
-    inputs, out = equation.split("->")
-    if inputs.count(",") != 1:
-      return None
-    xl, yl = inputs.split(",")
+  def of(cls, xl: str, yl: str, out: str, x_shape, y_shape) -> Optional[_MatmulPlan]:
+    """The plan of einsum "xl,yl->out", or None if it is not a matrix product of static shapes."""
     if (len(set(xl)) < len(xl) or len(set(yl)) < len(yl) or len(set(out)) < len(out)
         or not x_shape.is_fully_defined() or not y_shape.is_fully_defined()):
       return None
@@ -86,27 +80,22 @@ class _MatmulPlan:
 
   def blocked_matmul(self, x, y):
     """The einsum as MatMuls of lhs with blocks of COLUMN_BLOCK columns of rhs, concatenated."""
-    lhs, transpose_lhs = _as_matrix(x, self.x_letters, self.rows, self.inner)
-    rhs, transpose_rhs = _as_matrix(y, self.y_letters, self.inner, self.cols)
-    col_axis = 0 if transpose_rhs else 1
+    lhs, transpose_lhs = self._as_matrix(x, self.x_letters, self.rows, self.inner)
+    rhs, transpose_rhs = self._as_matrix(y, self.y_letters, self.inner, self.cols)
     n = self.num_cols
     widths = [COLUMN_BLOCK] * (n // COLUMN_BLOCK) + ([n % COLUMN_BLOCK] if n % COLUMN_BLOCK else [])
     product = tf.concat([tf.matmul(lhs, block, transpose_a=transpose_lhs, transpose_b=transpose_rhs)
-                         for block in tf.split(rhs, widths, axis=col_axis)], axis=1)
+                         for block in tf.split(rhs, widths, axis=0 if transpose_rhs else 1)], axis=1)
     product = tf.reshape(product, [self.sizes[c] for c in self.rows + self.cols])
     return _transposed(product, self.rows + self.cols, self.out_letters)
 
-
-def _as_matrix(t, letters: str, first: tuple, second: tuple):
-  """(t as a matrix [first, second], False) or, with no data moved, ([second, first], True)."""
-  sizes = dict(zip(letters, t.shape.as_list()))
-  shape = [math.prod(sizes[c] for c in group) for group in (first, second)]
-  if tuple(letters) == second + first:
-    return tf.reshape(t, shape[::-1]), True
-  return tf.reshape(_transposed(t, letters, first + second), shape), False
+  def _as_matrix(self, t, letters: str, first: tuple, second: tuple):
+    """(t as a matrix [first, second], False) or, with no data moved, ([second, first], True)."""
+    if tuple(letters) == second + first:
+      return tf.reshape(t, [self._size(second), self._size(first)]), True
+    return tf.reshape(_transposed(t, letters, first + second), [self._size(first), self._size(second)]), False
 
 
 def _transposed(t, letters, order):
-  """t with its axes (named by letters) in `order`; t itself if they already are."""
-  perm = [list(letters).index(c) for c in order]
-  return t if perm == sorted(perm) else tf.transpose(t, perm)
+  """t with its axes (named by letters) in `order`."""
+  return transpose_unless_identity(t, [list(letters).index(c) for c in order])

@@ -22,7 +22,7 @@ from mesh_tensorflow._core.layout import (
     TensorLayout, convert_to_layout_rules, pnum_to_processor_coordinates, slice_shape)
 from mesh_tensorflow._lowering.comm import shift_sources
 from mesh_tensorflow._lowering.lazy import compatible_lazy_allreduce_sums
-from mesh_tensorflow._lowering.tf_helpers import parallel
+from mesh_tensorflow._lowering.tf_helpers import parallel, transpose_unless_identity
 
 # Stateless counterparts of the TF random functions mtf draws from (same keyword arguments).
 _STATELESS = {
@@ -324,8 +324,7 @@ def expand_dims_to(x, input_shape: Shape, output_shape: Shape):
   if input_shape == output_shape or input_shape.ndims == 0:
     return x
   perm = [input_shape.dims.index(d) for d in output_shape if d in input_shape.dims]
-  if perm != sorted(perm):
-    x = tf.transpose(x, perm)
+  x = transpose_unless_identity(x, perm)
   if input_shape.ndims == output_shape.ndims:
     return x
   sizes = x.shape.as_list() if x.shape.rank is not None else [None]

@@ -23,6 +23,11 @@ def parallel(devices: list, fn: Callable, *args, **kwargs) -> list:
   return ret
 
 
+def transpose_unless_identity(x, perm: list):
+  """tf.transpose(x, perm), or x itself when perm keeps every axis in place (no TF op)."""
+  return x if perm == sorted(perm) else tf.transpose(x, perm)
+
+
 def transpose_list_of_lists(lol: list) -> list:
   if not lol:
     raise ValueError("transpose_list_of_lists needs a non-empty list.")

@@ -20,6 +20,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Dimension, Shape
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._lowering.tf_helpers import transpose_unless_identity
 
 __all__ = ["GatherOperation", "ScatterAddOperation"]
 
@@ -106,7 +107,7 @@ class GatherOperation(_RowIndexing):
       rows = tf.gather(w, tf.where(found, ids, tf.zeros_like(ids)), axis=axis)
       rows *= tf.reshape(tf.cast(found, w.dtype),
                          [1] * axis + ids.shape.as_list() + [1] * (w.shape.ndims - axis - 1))
-      return rows if perm == sorted(perm) else tf.transpose(rows, perm)
+      return transpose_unless_identity(rows, perm)
 
     args = [lowering.tensors[weights], indices] + ([] if offset is None else [offset])
     y = mesh_impl.slicewise(slice_fn, *args)
