@@ -93,7 +93,9 @@ def main(argv=None) -> None:
           sess.run(outs)
           if rep >= 2:
             times[key][k].append(time.perf_counter() - start)
-  print(f"ms per step's worth of each einsum (median of {args.reps}), one thread\n")
+  print(f"ms per step's worth of each einsum (median of {args.reps}), one thread; TF's matmuls: "
+        f"{'Eigen' if cpu_contraction.blocks_help() else 'oneDNN'} (CPU meshes use column blocks "
+        f"with Eigen only; TF_ENABLE_ONEDNN_OPTS switches)\n")
   header = [f"{s}: {i}" for s in SLICINGS for i in IMPLEMENTATIONS]
   print("| einsum | per step | " + " | ".join(header) + " |")
   print("|---|---|" + "---|" * len(header))

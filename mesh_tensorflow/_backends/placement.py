@@ -105,7 +105,7 @@ class PlacementMeshImpl(MeshImpl):
   def _compute_on(self, devices: list, share_replicas: Optional[bool]) -> None:
     """The devices this process holds slices on, whether they share replicas, and their program."""
     self._devices = devices
-    self._all_cpus = all_cpus(devices)
+    self._blocked_contractions = all_cpus(devices) and cpu_contraction.blocks_help()
     self._share_replicas = cpus_of_one_process(devices) if share_replicas is None else share_replicas
     self._program = DeviceProgram(devices, self._jit_compile, self._share_replicas)
 
@@ -284,8 +284,8 @@ class PlacementMeshImpl(MeshImpl):
     return self.LaidOutTensor(ret)
 
   def einsum(self, equation: str, *slices):
-    """On CPUs, products with few rows and many columns are computed in column blocks."""
-    if self._all_cpus and len(slices) == 2:
+    """On CPUs with Eigen's matmul, few rows and many columns are computed in column blocks."""
+    if self._blocked_contractions and len(slices) == 2:
       return cpu_contraction.einsum(equation, *slices)
     return super().einsum(equation, *slices)
 

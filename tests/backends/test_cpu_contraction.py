@@ -1,5 +1,9 @@
 """Contractions on CPU meshes: products with few rows and many columns run in column blocks."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -62,9 +66,16 @@ def test_other_contractions_stay_one_einsum(equation, x_shape, y_shape):
   assert "Einsum" in types and "MatMul" not in types
 
 
+@pytest.fixture
+def eigen_matmuls(monkeypatch):
+  """Lower as on a CPU whose TF matmuls are Eigen's, where column blocks help."""
+  monkeypatch.setattr(cpu_contraction, "blocks_help", lambda: True)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("mesh_shape,layout", [("all:8", "batch:all"), ("b:2;m:4", "batch:b;d:m")])
-def test_data_parallel_matmul_in_column_blocks_matches_tf_with_gradients(mesh_shape, layout, mode):
+def test_data_parallel_matmul_in_column_blocks_matches_tf_with_gradients(
+    mesh_shape, layout, mode, eigen_matmuls):
   rng = np.random.RandomState(0)
   x = (rng.uniform(-1, 1, [16, 4, 8]).astype(np.float32), "batch:16;length:4;d:8")
   w = (rng.uniform(-1, 1, [8, 600]).astype(np.float32), "d:8;f:600")
@@ -72,14 +83,38 @@ def test_data_parallel_matmul_in_column_blocks_matches_tf_with_gradients(mesh_sh
                        mesh_shape, layout, mode, rtol=1e-4, atol=1e-4)
 
 
-def test_gpu_meshes_keep_tf_einsum():
+def _lowered_matmul_op_types(devices: list) -> list:
+  """The TF op types of a data-parallel [16, 8] x [8, 600] matmul lowered onto `devices`."""
   with tf.Graph().as_default() as graph:
     mesh = mtf.Mesh(mtf.Graph(), "mesh")
     x = mtf.import_tf_tensor(mesh, tf.zeros([16, 8]), shape="batch:16;d:8")
     w = mtf.import_tf_tensor(mesh, tf.zeros([8, 600]), shape="d:8;f:600")
     y = mtf.matmul(x, w)
-    impl = mtf.placement_mesh_impl.PlacementMeshImpl(
-        "all:8", "batch:all", [f"/gpu:{i}" for i in range(8)], fuse_slicewise=False)
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "batch:all", devices,
+                                                     fuse_slicewise=False)
     mtf.Lowering(mesh.graph, {mesh: impl}).export_to_tf_tensor(y)
-  types = [op.type for op in graph.get_operations()]
+  return [op.type for op in graph.get_operations()]
+
+
+def test_cpu_meshes_with_eigen_matmuls_lower_products_to_column_blocks(eigen_matmuls):
+  types = _lowered_matmul_op_types([f"/cpu:{i}" for i in range(8)])
+  assert types.count("MatMul") == 8 * 3 and "Einsum" not in types
+
+
+def test_cpu_meshes_with_onednn_matmuls_keep_tf_einsum(monkeypatch):
+  monkeypatch.setattr(cpu_contraction, "blocks_help", lambda: False)
+  types = _lowered_matmul_op_types([f"/cpu:{i}" for i in range(8)])
+  assert types.count("Einsum") == 8 and "MatMul" not in types
+
+
+def test_gpu_meshes_keep_tf_einsum(eigen_matmuls):
+  types = _lowered_matmul_op_types([f"/gpu:{i}" for i in range(8)])
   assert "Einsum" in types and "MatMul" not in types
+
+
+@pytest.mark.parametrize("onednn,blocks", [("0", True), ("1", False)])
+def test_blocks_help_follows_tfs_onednn_switch(onednn, blocks):
+  code = "from mesh_tensorflow._backends import cpu_contraction; print(cpu_contraction.blocks_help())"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn}).stdout
+  assert out.split()[-1] == str(blocks)
