@@ -1,11 +1,12 @@
-"""Session settings: bench_transformer.py under TF's defaults, one thread per kernel, and no grappler.
+"""Session settings: bench_transformer.py under TF's defaults, one thread per kernel, lean or no grappler.
 
 TF fixes a process's CPU thread pools when its first session starts, so settings cannot be
 compared within one process: this script runs bench_transformer.py alternately in fresh
 processes, `--rounds` times per setting, and reports every case's median step, lowering and
 first step under each setting, the step as a ratio to plain TF on one device *under TF's
-defaults* (what a plain-TF user gets). One thread per kernel is what `session_config_for_devices`
-picks for 8 virtual devices on 2 cores (mtf.placement_mesh_impl; the Transformer driver uses it).
+defaults* (what a plain-TF user gets). One thread per kernel and lean grappler are what
+`session_config_for_devices` picks for 8 virtual devices on 2 cores (mtf.placement_mesh_impl;
+the Transformer driver uses it).
 
     python benchmarks/bench_session_config.py [--rounds 3] [--settings "TF defaults,..."]
                                               [-- bench_transformer.py flags]
@@ -27,6 +28,7 @@ SETTINGS = {  # name -> bench_transformer.py flags
     "1 thread per kernel": ["--intra_op_threads", "1"],
     "no grappler": ["--no_graph_optimizer"],
     "1 thread per kernel and no grappler": ["--intra_op_threads", "1", "--no_graph_optimizer"],
+    "1 thread per kernel and lean grappler": ["--intra_op_threads", "1", "--lean_graph_optimizer"],
 }
 REFERENCE = "plain TF, one device (float32)"
 

@@ -9,6 +9,7 @@ against what the layout needs (each processor's slices of every variable, optimi
 
     python benchmarks/bench_transformer.py [--reps 5] [--steps 10] [--backend placement|collective]
                                            [--dtype float32|bfloat16] [--no_graph_optimizer]
+                                           [--lean_graph_optimizer]
                                            [--master_as_slice] [--masters whole|sliced]
                                            [--sweep] [--sweep_devices 1,2,...]
                                            [--jit_compile] [--no_fuse] [--intra_op_threads N]
@@ -80,9 +81,10 @@ class Case:
     return statistics.median(self.step_times)
 
 
-# Threads per kernel of every session (0: TF's default, every core). One value per process: TF
-# fixes a process's CPU thread pools when its first session starts.
-SESSION_OPTIONS = {"intra_op_threads": 0}
+# Threads per kernel of every session (0: TF's default, every core; one value per process: TF
+# fixes a process's CPU thread pools when its first session starts), and whether grappler skips
+# what mtf's session_config_for_devices skips on CPUs (lean_graph_optimization).
+SESSION_OPTIONS = {"intra_op_threads": 0, "lean_graph_optimizer": False}
 
 
 def _session(graph, num_cpus: int, graph_optimizer: bool) -> tf.Session:
@@ -90,6 +92,8 @@ def _session(graph, num_cpus: int, graph_optimizer: bool) -> tf.Session:
   config = tf.ConfigProto(device_count={"CPU": num_cpus},
                           intra_op_parallelism_threads=SESSION_OPTIONS["intra_op_threads"])
   config.graph_options.rewrite_options.disable_meta_optimizer = not graph_optimizer
+  if SESSION_OPTIONS["lean_graph_optimizer"]:
+    mtf.placement_mesh_impl.lean_graph_optimization(config.graph_options.rewrite_options)
   return tf.Session(graph=graph, config=config)
 
 
@@ -262,6 +266,8 @@ def main(argv: Optional[list] = None) -> None:
   parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated names of LAYOUTS")
   parser.add_argument("--no_graph_optimizer", action="store_true",
                       help="skip TF's graph optimisation passes (grappler) at session start")
+  parser.add_argument("--lean_graph_optimizer", action="store_true",
+                      help="grappler without the passes mtf's session_config_for_devices skips on CPUs")
   parser.add_argument("--master_as_slice", action="store_true",
                       help="placement backend: masters of unsplit variables serve as a processor's slice")
   parser.add_argument("--masters", choices=["whole", "sliced"], default="whole",
@@ -279,7 +285,8 @@ def main(argv: Optional[list] = None) -> None:
                            "core; 1: what mtf's session_config_for_devices picks for 8 devices on 2 cores)")
   parser.add_argument("--json", help="also write the cases' results to this file")
   args = parser.parse_args(argv)
-  SESSION_OPTIONS["intra_op_threads"] = args.intra_op_threads
+  SESSION_OPTIONS.update(intra_op_threads=args.intra_op_threads,
+                         lean_graph_optimizer=args.lean_graph_optimizer)
   tf.disable_v2_behavior()
   tf.logging.set_verbosity(tf.logging.ERROR)
   IMPL_OPTIONS.update(masters=args.masters, jit_compile=args.jit_compile,
@@ -288,7 +295,8 @@ def main(argv: Optional[list] = None) -> None:
   dtype = tf.as_dtype(args.dtype)
   opt = not args.no_graph_optimizer
   print(f"load average before: {os.getloadavg()}; CPUs: {os.cpu_count()}; backend: {args.backend}; "
-        f"dtype: {args.dtype}; graph optimizer: {opt}; options: {IMPL_OPTIONS}; "
+        f"dtype: {args.dtype}; graph optimizer: {opt} (lean: {args.lean_graph_optimizer}); "
+        f"options: {IMPL_OPTIONS}; "
         f"intra-op threads: {args.intra_op_threads or 'default'}")
   if args.sweep:
     counts = [int(n) for n in args.sweep_devices.split(",")]

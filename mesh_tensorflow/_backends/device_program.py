@@ -302,10 +302,20 @@ class _Segment:
           calls.append(calls[self.signature[d]])
           continue
         with tf.device(device):
-          args = [tf.constant(values[d], p.dtype) if not isinstance(values[d], tf.Tensor)
+          args = [_per_device_number(values[d], p.dtype) if not isinstance(values[d], tf.Tensor)
                   else values[d] for p, values in self._arguments]
           calls.append(function.call_flat(*args, *[outer for outer, _ in captures]))
     return [list(values) for values in zip(*calls)]
+
+
+def _per_device_number(value, dtype) -> tf.Tensor:
+  """A device's number (a shard's offset, say) as an argument grappler does not fold into a copy.
+
+  TF's function optimizer specialises a function for every call with a constant argument: each
+  device's call got a body of its own, optimised and instantiated separately. A
+  PlaceholderWithDefault is no constant to it, so the devices keep calling one function.
+  """
+  return tf.placeholder_with_default(tf.constant(value, dtype), [])
 
 
 def _needs_its_own_op_per_device(op) -> bool:

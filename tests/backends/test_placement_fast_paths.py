@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow._backends import ring_collectives
@@ -105,6 +106,22 @@ def test_session_config_keeps_what_the_callers_config_sets_and_does_not_change_i
   assert config.allow_soft_placement and config is not given
   assert given == tf.ConfigProto(intra_op_parallelism_threads=3, allow_soft_placement=True,
                                  device_count={"CPU": 16})
+
+
+def test_session_config_on_cpus_skips_grapplers_passes_that_only_cost_the_first_step():
+  rewrites = session_config_for_devices(cpu_devices(8), cores=2).graph_options.rewrite_options
+  assert rewrites.disable_tfg_optimizer and not rewrites.disable_meta_optimizer
+  assert rewrites.memory_optimization == rewriter_config_pb2.RewriterConfig.NO_MEM_OPT
+  assert rewrites.meta_optimizer_iterations == rewriter_config_pb2.RewriterConfig.ONE
+
+
+def test_session_config_keeps_the_callers_rewrite_options_and_tfs_on_gpus():
+  given = tf.ConfigProto()
+  given.graph_options.rewrite_options.constant_folding = rewriter_config_pb2.RewriterConfig.OFF
+  config = session_config_for_devices(cpu_devices(8), given, cores=2)
+  assert config.graph_options.rewrite_options == given.graph_options.rewrite_options
+  gpu_config = session_config_for_devices(["gpu:0", "gpu:1"], cores=2)
+  assert not gpu_config.graph_options.HasField("rewrite_options")
 
 
 def test_a_mesh_runs_in_a_session_configured_by_its_backend():
