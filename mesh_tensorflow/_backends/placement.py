@@ -399,7 +399,7 @@ def session_config_for_devices(devices: Sequence[str], config: Optional[tf.Confi
   if len(devices) > 1 and cpus_of_one_process(devices) and not ret.intra_op_parallelism_threads:
     cores = cores or len(os.sched_getaffinity(0))
     ret.intra_op_parallelism_threads = max(1, cores // len(devices))
-  if all_cpus(devices) and not ret.graph_options.HasField("rewrite_options"):
+  if devices and all_cpus(devices) and not ret.graph_options.HasField("rewrite_options"):
     lean_graph_optimization(ret.graph_options.rewrite_options)
   return ret
 

@@ -14,6 +14,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Dimension, convert_to_dimension
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._lowering.tf_helpers import transpose_unless_identity
 from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import binary as binary_ops
 from mesh_tensorflow._ops import control as control_ops
@@ -67,8 +68,7 @@ class SoftmaxOperation(Operation):
     axis = self.inputs[0].shape.dims.index(self._reduced_dim)
     mesh_axis = mesh_impl.tensor_dimension_to_mesh_axis(self._reduced_dim)
     if mesh_axis is None:
-      kernel = tf.nn.log_softmax if self._log else tf.nn.softmax
-      y = mesh_impl.slicewise(lambda t: kernel(t, axis=axis), x)
+      y = mesh_impl.slicewise(lambda t: _softmax_kernel(t, axis, self._log), x)
     else:
       comm = lowering.comm(self)
       max_x = comm.allreduce(mesh_impl.slicewise(lambda t: tf.reduce_max(t, axis, keepdims=True), x),
@@ -82,6 +82,20 @@ class SoftmaxOperation(Operation):
       else:
         y = mesh_impl.slicewise(lambda t, s: tf.exp(t) / s, shifted, sum_exp)
     lowering.set_tensor_lowering(self.outputs[0], y)
+
+
+_MAX_SOFTMAX_RANK = 5  # oneDNN's CPU softmax (TF's on AVX-512 CPUs) refuses more dimensions
+
+
+def _softmax_kernel(t, axis: int, log: bool):
+  """tf.nn.softmax (or log_softmax) of t along axis; above rank 5 as a matrix of rows along axis."""
+  kernel = tf.nn.log_softmax if log else tf.nn.softmax
+  if t.shape.rank <= _MAX_SOFTMAX_RANK:
+    return kernel(t, axis=axis)
+  perm = [i for i in range(t.shape.rank) if i != axis] + [axis]
+  moved = transpose_unless_identity(t, perm)
+  y = tf.reshape(kernel(tf.reshape(moved, [-1, moved.shape[-1]])), moved.shape)
+  return transpose_unless_identity(y, [perm.index(i) for i in range(len(perm))])
 
 
 def log_softmax(x: Tensor, reduced_dim, extra_logit=None, name: Optional[str] = None) -> Tensor:

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 import mesh_tensorflow as mtf
 from mesh_tensorflow._lowering.lazy import LazyAllreduceSum
 from tests.harness import (
-    MAX_EXAMPLES, MODES, assert_op_matches_tf, cpu_devices, lower_and_evaluate, lowering_counters,
-    mesh_and_layout)
+    MAX_EXAMPLES, MODES, assert_allclose, assert_op_matches_tf, cpu_devices, lower_and_evaluate,
+    lowering_counters, mesh_and_layout)
 
 DIMS = {"a": 2, "b": 4, "c": 8}
 REDUCTIONS = {
@@ -231,6 +231,25 @@ def test_softmax_over_a_whole_dim_is_one_kernel_and_over_a_split_dim_allreduces(
   split, events = op_types("c:all")
   assert kernel not in split and "Exp" in split
   assert [e.reason for e in events] == ["softmax_op", "softmax_op"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fn,log", [(mtf.softmax, False), (mtf.log_softmax, True)])
+@pytest.mark.parametrize("reduced", ["a", "d", "f"])
+def test_softmax_of_six_dims_matches_numpy_on_every_cpu_kernel(fn, log, reduced, mode):
+  """oneDNN's CPU softmax (TF's default on AVX-512 CPUs) refuses more than 5 dims: mtf reshapes."""
+  names = "abcdef"
+  x = np.random.RandomState(0).uniform(-5, 5, [2, 3, 2, 4, 2, 5]).astype(np.float32)
+  shape = ";".join(f"{n}:{k}" for n, k in zip(names, x.shape))
+
+  def build(mesh):
+    t = mtf.import_tf_tensor(mesh, tf.constant(x), shape)
+    return [fn(t, t.shape.get_dim_by_name(reduced))]
+  [got] = lower_and_evaluate(build, "rows:2;cols:2", "a:rows;c:cols", mode)
+  axis = names.index(reduced)
+  log_want = x - x.max(axis, keepdims=True)
+  log_want -= np.log(np.exp(log_want).sum(axis, keepdims=True))
+  assert_allclose(got, log_want if log else np.exp(log_want), rtol=1e-5, atol=1e-5)
 
 
 def test_softmax_of_integers_raises_naming_the_tensor():
