@@ -14,12 +14,12 @@ and in either mode.
   with the mtf Variable is never initialised (it holds no memory; an eager one is dropped).
 * A part is initialised with its slice of the whole initial value: the same values as the master
   would have (the initializer runs once, whole, during initialisation).
-* A slice of another dtype than the master's (bfloat16 slices of a float32 variable) has a part
-  of the master's dtype beside it, a *shadow* (4 bytes per element of its slice, on that
-  processor's device), so checkpoints keep the master dtype.
+* A part of another dtype than the master's (bfloat16 slices of a float32 variable) is
+  checkpointed in the master's dtype by a `CastPart`, a SaveableObject that casts it on saving
+  and restoring and stands in the collections for it; no float32 copy is kept.
 * `copy_master_to_slices` copies each part into the other slices equal to it (after initialising
-  or restoring, as with whole masters); `copy_slices_to_master` copies slices into their shadows
-  (nothing to do without shadows: the parts are slices that training updates).
+  or restoring, as with whole masters); `copy_slices_to_master` has nothing to do: the parts are
+  slices that training updates.
 * `Variable.get_master()` is then the whole value assembled from the parts (a tf.Tensor), and
   `assign_to_master(value)` writes `value` into every slice and part.
 * A StackedVariable (autostack) has separate slices and parts per stacked variable, read as one
@@ -32,7 +32,7 @@ import zlib
 
 import tensorflow.compat.v1 as tf
 from tensorflow.python.ops import variables as tf_variables
-from tensorflow.python.training.saving import saveable_object_util
+from tensorflow.python.training.saving import saveable_object, saveable_object_util
 
 from mesh_tensorflow._lowering import laid_out
 
@@ -63,9 +63,7 @@ class SlicedLaidOutVariable(laid_out.LaidOutVariable):
   def saveables(self) -> dict:
     """{checkpoint name: its parts as SaveableObjects}: a var_list for a tf.compat.v1 Saver in
     eager mode, where there are no collections and a Saver cannot take sliced variables."""
-    return {piece.name: [saveable_object_util.ResourceVariableSaveable(
-        part, part._save_slice_info.spec, piece.name) for part in piece.parts.values()]  # pylint: disable=protected-access
-            for piece in self._pieces}
+    return {piece.name: piece.saveables() for piece in self._pieces}
 
   def read(self):
     """A fresh read of every slice (stacked variables: the stack of their pieces' slices)."""
@@ -93,8 +91,9 @@ class SlicedLaidOutVariable(laid_out.LaidOutVariable):
   def _copy_parts_to_slices(self):
     return tf.group([piece.copy_parts_to_slices() for piece in self._pieces])
 
-  def _copy_slices_to_parts(self):
-    return tf.group([piece.copy_slices_to_shadows() for piece in self._pieces])
+  @staticmethod
+  def _copy_slices_to_parts():
+    return tf.no_op()  # the parts are slices
 
 
 class _SlicedVariable:
@@ -118,7 +117,6 @@ class _SlicedVariable:
     pick = zlib.crc32(variable.name.encode())
     part_pnums = {begin: pnums[pick % len(pnums)] for begin, pnums in holders.items()}
     self._part_pnum = {p: part_pnums[begin] for begin, pnums in holders.items() for p in pnums}
-    self._has_shadows = has_shadows = variable.slice_dtype != variable.master_dtype
     initial_parts = _InitialParts(variable, mesh_impl)
 
     def new_variable(name, pnum, dtype, initialised):
@@ -130,18 +128,26 @@ class _SlicedVariable:
             initializer=initial_parts.initializer(pnum))
 
     self.slices = [new_variable("%s_slice_%d" % (variable.name, pnum), pnum, variable.slice_dtype,
-                                not has_shadows and self._part_pnum[pnum] == pnum)
+                                self._part_pnum[pnum] == pnum)
                    for pnum in range(len(devices))]
-    self.parts = {}  # pnum -> the part (checkpointed tf.Variable) of its slice
+    self.parts = {pnum: self.slices[pnum] for pnum in part_pnums.values()}  # each slice's part
+    self._checkpointed = []  # what stands in the master's collections: a part or its CastPart
     for begin, pnum in part_pnums.items():
-      part = (new_variable("%s_part_%d" % (variable.name, pnum), pnum, variable.master_dtype, True)
-              if has_shadows else self.slices[pnum])
-      part._set_save_slice_info(tf_variables.Variable.SaveSliceInfo(  # pylint: disable=protected-access
-          variable.name, shape.to_integer_list, list(begin), slice_shape))
-      self.parts[pnum] = part
+      info = tf_variables.Variable.SaveSliceInfo(
+          variable.name, shape.to_integer_list, list(begin), slice_shape)
+      if variable.slice_dtype == variable.master_dtype:
+        self.parts[pnum]._set_save_slice_info(info)  # pylint: disable=protected-access
+        self._checkpointed.append(self.parts[pnum])
+      else:
+        self._checkpointed.append(CastPart(self.parts[pnum], info, variable.master_dtype))
     master = variable.replace_master(self)
     if master is not None and not tf.executing_eagerly():
-      _replace_in_collections(master, list(self.parts.values()))
+      _replace_in_collections(master, self._checkpointed)
+
+  def saveables(self) -> list:
+    """The parts as SaveableObjects (for a Saver given them by hand)."""
+    return [p if isinstance(p, CastPart) else saveable_object_util.ResourceVariableSaveable(
+        p, p._save_slice_info.spec, self.name) for p in self._checkpointed]  # pylint: disable=protected-access
 
   def copy_parts_to_slices(self):
     """Each slice takes the value of its part (if it is not the part itself)."""
@@ -151,16 +157,6 @@ class _SlicedVariable:
       if part is not slice_var:
         with tf.device(device):
           ops.append(slice_var.assign(tf.cast(part.read_value(), slice_var.dtype), read_value=False))
-    return tf.group(ops)
-
-  def copy_slices_to_shadows(self):
-    """Each shadow takes the value of its processor's slice (nothing without shadows)."""
-    if not self._has_shadows:
-      return tf.no_op()
-    ops = []
-    for pnum, part in self.parts.items():
-      with tf.device(self._mesh_impl.devices[pnum]):
-        ops.append(part.assign(tf.cast(self.slices[pnum].read_value(), part.dtype), read_value=False))
     return tf.group(ops)
 
   def master_value(self):
@@ -175,9 +171,8 @@ class _SlicedVariable:
   def assign_master(self, value):
     """Writes the whole `value` into every slice and every part."""
     per_pnum = self._mesh_impl.master_parts(tf.convert_to_tensor(value), self._variable.shape)
-    targets = list(enumerate(self.slices)) + (list(self.parts.items()) if self._has_shadows else [])
     ops = []
-    for pnum, target in targets:
+    for pnum, target in enumerate(self.slices):
       with tf.device(self._mesh_impl.devices[pnum]):
         ops.append(target.assign(tf.cast(per_pnum[pnum], target.dtype), read_value=False))
     return tf.group(ops)
@@ -197,9 +192,10 @@ class _InitialParts:
     self._parts = None
 
   def initializer(self, pnum: int):
-    def init(*args, **kwargs):
-      del args, kwargs  # the shape and dtype are the part's
-      return self._slices()[pnum]
+    def init(shape, dtype=None, **kwargs):
+      del shape, kwargs  # the part's
+      value = self._slices()[pnum]
+      return value if dtype is None else tf.cast(value, dtype)
     return init
 
   def _slices(self) -> list:
@@ -209,6 +205,49 @@ class _InitialParts:
         master = master.read_value() if tf.executing_eagerly() else master.initial_value
       self._parts = self._mesh_impl.master_parts(master, self._variable.shape)
     return self._parts
+
+
+class CastPart(saveable_object.SaveableObject):
+  """A part held in the slice dtype, checkpointed in the master dtype: cast on save and restore.
+
+  It stands for the part in the master's collections (GLOBAL_VARIABLES, ...), so it also answers
+  what initialisers, ready checks and checkpoint tools ask of a variable there: its initializer,
+  is_initialized, op, shape and SaveSliceInfo. Its dtype is the checkpoint's.
+  """
+
+  def __init__(self, part, save_slice_info, master_dtype):
+    self._part = part
+    self._save_slice_info = save_slice_info
+    self._master_dtype = master_dtype
+
+    def saved_value():
+      with tf.device(part.device):
+        return tf.cast(part.read_value(), master_dtype)
+    spec = saveable_object.SaveSpec(saved_value, save_slice_info.spec, save_slice_info.full_name,
+                                    dtype=master_dtype, device=part.device)
+    super().__init__(part, [spec], part.name.rsplit(":", 1)[0])
+
+  def restore(self, restored_tensors, restored_shapes):
+    value = restored_tensors[0]
+    if restored_shapes is not None:
+      value = tf.reshape(value, restored_shapes[0])
+    with tf.device(self._part.device):
+      return self._part.assign(tf.cast(value, self._part.dtype), read_value=False)
+
+  @property
+  def dtype(self):
+    return self._master_dtype
+
+  @property
+  def shape(self):
+    return self._part.shape
+
+  @property
+  def initializer(self):
+    return self._part.initializer
+
+  def is_initialized(self, name=None):
+    return self._part.is_initialized(name=name)
 
 
 def _replace_in_collections(master, parts: list) -> None:

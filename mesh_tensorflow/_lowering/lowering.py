@@ -165,8 +165,8 @@ class Lowering:
 
     In eager mode the copies run at once. Graph mode builds the op at the first call (in the
     lowering's TF graph, outside control dependencies) and returns that op from then on.
-    Without whole masters (`PlacementMeshImpl(masters="sliced")`) only float32 shadows of
-    other-dtype slices are filled.
+    Without whole masters (`PlacementMeshImpl(masters="sliced")`) there is nothing to copy: the
+    checkpointed parts are slices.
     """
     if not self._copies:
       return self._build_copy_slices_to_masters()

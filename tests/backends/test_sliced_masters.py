@@ -109,19 +109,21 @@ def _assert_same(values, expected):
 
 # ---- memory ----
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
 @pytest.mark.parametrize("mesh_shape,layout", [
     ("all:8", "batch:all"),
     ("all:8", "d_ff:all;vocab:all;d_kv:all"),
     ("b:2;m:4", "batch:b;d_ff:m;heads:m;vocab:m"),
 ])
-def test_no_device_holds_more_variable_bytes_than_its_slices_need(mesh_shape, layout):
+def test_no_device_holds_more_variable_bytes_than_its_slices_need(mesh_shape, layout, dtype):
   cfg = transformer.Config(d_model=64, d_ff=128, length=8, vocab=128)
   for masters in ("sliced", "whole"):
     with tf.Graph().as_default() as tf_graph:
       inputs = tf.zeros([cfg.batch, cfg.length], tf.int32)
       graph = mtf.Graph()
       mesh = mtf.Mesh(graph, "mesh")
-      loss, updates = transformer.mtf_train_step(cfg, mesh, inputs, inputs, transformer.initial_values(cfg))
+      loss, updates = transformer.mtf_train_step(cfg, mesh, inputs, inputs, transformer.initial_values(cfg),
+                                                 slice_dtype=dtype, activation_dtype=dtype)
       impl = _impl(mesh_shape, layout, masters)
       lowering = mtf.Lowering(graph, {mesh: impl})
       run = [tf.global_variables_initializer(), lowering.copy_masters_to_slices(),
@@ -141,18 +143,17 @@ def test_no_device_holds_more_variable_bytes_than_its_slices_need(mesh_shape, la
       assert never_run == set(transformer.initial_values(cfg))
 
 
-def test_bfloat16_slices_add_a_float32_shadow_of_each_checkpointed_slice():
+def test_bfloat16_slices_are_checkpointed_as_float32_without_a_float32_copy():
   with tf.Graph().as_default() as tf_graph:
     lowering, loss, train_op, _ = _build("all:8", "batch:all", "sliced", optimizer="sgd",
                                          slice_dtype=tf.bfloat16)
-    names = [v.op.name for v in tf.global_variables()]
-    assert names and all("_part_" in n for n in names), names
-    assert {v.dtype.base_dtype for v in tf.global_variables()} == {tf.float32}
+    checkpointed = tf.global_variables()
+    assert checkpointed and all("_slice_" in v.name for v in checkpointed), checkpointed
+    assert {v.dtype.base_dtype for v in checkpointed} == {tf.float32}
     per_device = variable_bytes_per_device(
         tf_graph, [tf.global_variables_initializer(), lowering.copy_masters_to_slices(), loss, train_op])
     slice_bytes = sum(v.size * 2 for v in lowering.graph.all_variables)  # bfloat16, held by everyone
-    shadow_bytes = sum(v.size * 4 for v in lowering.graph.all_variables)  # float32, once in all
-    assert sum(per_device.values()) == 8 * slice_bytes + shadow_bytes
+    assert per_device == {f"CPU:{i}": slice_bytes for i in range(8)}
 
 
 # ---- checkpoints ----
@@ -189,10 +190,20 @@ def test_a_bfloat16_sliced_checkpoint_restores_into_float32_whole_masters(tmp_pa
   _assert_same(values, saved)
 
 
-def test_monitored_session_hooks_resume_a_sliced_run_as_if_uninterrupted(tmp_path):
+def test_a_checkpoint_of_whole_masters_restores_into_bfloat16_sliced_parts(tmp_path):
+  path = str(tmp_path / "model")
+  _, saved = _train_and_save(path, *WRITTEN_UNDER, "whole", slice_dtype=tf.bfloat16)
+  for mesh_shape, layout in READ_UNDER:
+    values, _ = _restore(path, mesh_shape, layout, "sliced", slice_dtype=tf.bfloat16)
+    _assert_same(values, saved)
+
+
+@pytest.mark.parametrize("slice_dtype", [tf.float32, tf.bfloat16])
+def test_monitored_session_hooks_resume_a_sliced_run_as_if_uninterrupted(tmp_path, slice_dtype):
   def train(steps):
     with tf.Graph().as_default():
-      lowering, loss, train_op, _ = _build(*WRITTEN_UNDER, "sliced", optimizer="sgd")
+      lowering, loss, train_op, _ = _build(*WRITTEN_UNDER, "sliced", optimizer="sgd",
+                                           slice_dtype=slice_dtype)
       step = tf.train.get_or_create_global_step()
       with tf.control_dependencies([train_op]):
         train_op = tf.assign_add(step, 1)
@@ -211,7 +222,7 @@ def test_monitored_session_hooks_resume_a_sliced_run_as_if_uninterrupted(tmp_pat
   losses = train(3) + train(6)  # the second run restores step 3
   assert tf.train.latest_checkpoint(str(tmp_path)).endswith("-6")
   uninterrupted, _ = _train_and_save(str(tmp_path / "reference"), *WRITTEN_UNDER, "whole", steps=6,
-                                     optimizer="sgd")
+                                     optimizer="sgd", slice_dtype=slice_dtype)
   np.testing.assert_array_equal(losses, uninterrupted)
 
 
@@ -268,9 +279,10 @@ def test_get_master_is_the_whole_value_and_assign_to_master_writes_every_slice()
 
 # ---- eager ----
 
-def test_eager_mode_drops_the_masters_and_saves_the_parts(tmp_path):
+@pytest.mark.parametrize("slice_dtype", [tf.float32, tf.bfloat16])
+def test_eager_mode_drops_the_masters_and_saves_the_parts(tmp_path, slice_dtype):
   assert tf.executing_eagerly()  # the test default; lowering runs the first update at once
-  whole, _, _, expected = _build(*WRITTEN_UNDER, "whole", optimizer="adam")
+  whole, _, _, expected = _build(*WRITTEN_UNDER, "whole", optimizer="adam", slice_dtype=slice_dtype)
   whole.copy_slices_to_masters()
   created = []
 
@@ -279,7 +291,7 @@ def test_eager_mode_drops_the_masters_and_saves_the_parts(tmp_path):
     created.append(weakref.ref(variable))
     return variable
   with tf.variable_creator_scope(keep_weak_reference):
-    lowering, _, _, values = _build(*WRITTEN_UNDER, "sliced", optimizer="adam")
+    lowering, _, _, values = _build(*WRITTEN_UNDER, "sliced", optimizer="adam", slice_dtype=slice_dtype)
   gc.collect()
   alive = {ref().name for ref in created if ref() is not None}
   assert alive and all("_slice_" in name for name in alive), alive  # the masters are gone
@@ -290,7 +302,7 @@ def test_eager_mode_drops_the_masters_and_saves_the_parts(tmp_path):
   saveables = {name: parts for lv in lowering.variables.values() for name, parts in lv.saveables.items()}
   tf.train.Saver(saveables).save(None, path)
   with tf.Graph().as_default():
-    restored, _ = _restore(path, "all:1", "", "whole", optimizer="adam")
+    restored, _ = _restore(path, "all:1", "", "whole", optimizer="adam", slice_dtype=slice_dtype)
   _assert_same(restored, masters)
 
 
