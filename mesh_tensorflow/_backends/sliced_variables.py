@@ -9,6 +9,9 @@ slice's *part*: the tf.Variable checkpointed as a part of the whole variable wit
 variable whole, under its usual name, shape and dtype, and a checkpoint restores under any layout
 and in either mode.
 
+* With share_replicas (CPU devices of one process, PlacementMeshImpl's default there) the
+  processors holding the same slice all use its part: one variable per distinct slice, and one
+  read of it, so what follows from it is computed once (as whole masters' shared replicas).
 * The parts take the master's place in its collections (GLOBAL_VARIABLES, TRAINABLE_VARIABLES,
   ...), so savers and initialisers built after the lowering see them; the master tf.Variable made
   with the mtf Variable is never initialised (it holds no memory; an eager one is dropped).
@@ -66,27 +69,47 @@ class SlicedLaidOutVariable(laid_out.LaidOutVariable):
     return {piece.name: piece.saveables() for piece in self._pieces}
 
   def read(self):
-    """A fresh read of every slice (stacked variables: the stack of their pieces' slices)."""
-    reads = []
+    """A fresh read of every slice (stacked variables: the stack of their pieces' slices).
+
+    Processors sharing their slice variables get the same read, so what they compute from it is
+    computed once.
+    """
+    reads, read_of = [], {}
     for pnum, device in enumerate(self._mesh_impl.devices):
-      with tf.device(device):
-        pieces = [piece.slices[pnum].read_value() for piece in self._pieces]
-        reads.append(tf.stack(pieces) if self._stacked else pieces[0])
+      key = self._slice_variables_of(pnum)
+      if key not in read_of:
+        pieces = []
+        for piece in self._pieces:
+          with tf.device(piece.slices[pnum].device):
+            pieces.append(piece.slices[pnum].read_value())
+        with tf.device(device):
+          read_of[key] = tf.stack(pieces) if self._stacked else pieces[0]
+      reads.append(read_of[key])
     return self._mesh_impl.LaidOutTensor(reads)
 
   def assign_to_slices(self, assign_fn, values):
-    """tf.group of assign_fn(mtf_variable, slice_variable, value) per processor (and piece).
+    """tf.group of assign_fn(mtf_variable, slice_variable, value) per slice variable (and piece).
 
-    In graph mode the assignments wait for this step's reads of the slices.
+    Processors sharing slice variables hold equal values (mtf gives every replica of a tensor the
+    same value), so the first one's is assigned. In graph mode the assignments wait for this
+    step's reads of the slices.
     """
-    ops = []
+    ops, assigned = [], set()
     with tf.control_dependencies(None if tf.executing_eagerly() else self._reads):
-      for pnum, (device, value) in enumerate(zip(self._mesh_impl.devices,
-                                                 getattr(values, "tensor_list", values))):
-        with tf.device(device):
+      for pnum, value in enumerate(getattr(values, "tensor_list", values)):
+        key = self._slice_variables_of(pnum)
+        if key in assigned:
+          continue
+        assigned.add(key)
+        with tf.device(self._mesh_impl.devices[pnum]):
           pieces = tf.unstack(value) if self._stacked else [value]
-          ops += [assign_fn(self._variable, piece.slices[pnum], v) for piece, v in zip(self._pieces, pieces)]
+        for piece, v in zip(self._pieces, pieces):
+          with tf.device(piece.slices[pnum].device):
+            ops.append(assign_fn(self._variable, piece.slices[pnum], v))
     return tf.group(ops)
+
+  def _slice_variables_of(self, pnum: int) -> tuple:
+    return tuple(id(piece.slices[pnum]) for piece in self._pieces)
 
   def _copy_parts_to_slices(self):
     return tf.group([piece.copy_parts_to_slices() for piece in self._pieces])
@@ -127,9 +150,12 @@ class _SlicedVariable:
             name, slice_shape, dtype=dtype, collections=[], trainable=False, use_resource=True,
             initializer=initial_parts.initializer(pnum))
 
-    self.slices = [new_variable("%s_slice_%d" % (variable.name, pnum), pnum, variable.slice_dtype,
-                                self._part_pnum[pnum] == pnum)
-                   for pnum in range(len(devices))]
+    # With share_replicas the processors holding a slice share its part; else each has a variable.
+    shared = mesh_impl.share_replicas
+    own = {pnum: new_variable("%s_slice_%d" % (variable.name, pnum), pnum, variable.slice_dtype,
+                              self._part_pnum[pnum] == pnum)
+           for pnum in range(len(devices)) if not shared or self._part_pnum[pnum] == pnum}
+    self.slices = [own[pnum if pnum in own else self._part_pnum[pnum]] for pnum in range(len(devices))]
     self.parts = {pnum: self.slices[pnum] for pnum in part_pnums.values()}  # each slice's part
     self._checkpointed = []  # what stands in the master's collections: a part or its CastPart
     for begin, pnum in part_pnums.items():
@@ -172,7 +198,7 @@ class _SlicedVariable:
     """Writes the whole `value` into every slice and every part."""
     per_pnum = self._mesh_impl.master_parts(tf.convert_to_tensor(value), self._variable.shape)
     ops = []
-    for pnum, target in enumerate(self.slices):
+    for pnum, target in _first_of_each(enumerate(self.slices)):
       with tf.device(self._mesh_impl.devices[pnum]):
         ops.append(target.assign(tf.cast(per_pnum[pnum], target.dtype), read_value=False))
     return tf.group(ops)
@@ -248,6 +274,16 @@ class CastPart(saveable_object.SaveableObject):
 
   def is_initialized(self, name=None):
     return self._part.is_initialized(name=name)
+
+
+def _first_of_each(pnums_and_variables) -> list:
+  """(pnum, variable) pairs, the first pair of each variable only (shared slice variables)."""
+  seen, ret = set(), []
+  for pnum, v in pnums_and_variables:
+    if id(v) not in seen:
+      seen.add(id(v))
+      ret.append((pnum, v))
+  return ret
 
 
 def _replace_in_collections(master, parts: list) -> None:

@@ -32,15 +32,16 @@ READ_UNDER = [("all:8", "batch:all"), ("x:2;y:2;z:2", "batch:x;hidden:y;d_in:z")
               ("rows:4;cols:2", "hidden:rows;d_in:cols"), ("all:1", "")]
 
 
-def _impl(mesh_shape, layout, masters, backend="placement"):
+def _impl(mesh_shape, layout, masters, backend="placement", share_replicas=None):
   devices = cpu_devices(mtf.convert_to_shape(mesh_shape).size)
   if backend == "collective":
     return CollectiveMeshImpl(mesh_shape, layout, devices, masters=masters)
-  return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices, masters=masters)
+  return mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, devices, masters=masters,
+                                                   share_replicas=share_replicas)
 
 
 def _build(mesh_shape, layout, masters, optimizer="adafactor", slice_dtype=tf.float32,
-           backend="placement"):
+           backend="placement", share_replicas=None):
   """An MLP whose two input kernels (and biases) stack; returns (lowering, loss, train op, {name: value}).
 
   The values are every variable's (optimizer slots included) read back through its slices.
@@ -67,7 +68,7 @@ def _build(mesh_shape, layout, masters, optimizer="adafactor", slice_dtype=tf.fl
   updates = OPTIMIZERS[optimizer]().apply_grads(mtf.gradients([loss], [v.outputs[0] for v in trained]),
                                                 trained)
   values = {v.name: v.outputs[0] for v in graph.all_variables}  # before autostack rewrites them
-  lowering = mtf.Lowering(graph, {mesh: _impl(mesh_shape, layout, masters, backend)})
+  lowering = mtf.Lowering(graph, {mesh: _impl(mesh_shape, layout, masters, backend, share_replicas)})
   train_op = tf.group([lowering.lowered_operation(u) for u in updates])
   return (lowering, lowering.export_to_tf_tensor(loss), train_op,
           {name: lowering.export_to_tf_tensor(t) for name, t in values.items()})
@@ -109,13 +110,15 @@ def _assert_same(values, expected):
 
 # ---- memory ----
 
+@pytest.mark.parametrize("share_replicas", [None, False])
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
 @pytest.mark.parametrize("mesh_shape,layout", [
     ("all:8", "batch:all"),
     ("all:8", "d_ff:all;vocab:all;d_kv:all"),
     ("b:2;m:4", "batch:b;d_ff:m;heads:m;vocab:m"),
 ])
-def test_no_device_holds_more_variable_bytes_than_its_slices_need(mesh_shape, layout, dtype):
+def test_no_device_holds_more_variable_bytes_than_its_slices_need(mesh_shape, layout, dtype,
+                                                                   share_replicas):
   cfg = transformer.Config(d_model=64, d_ff=128, length=8, vocab=128)
   for masters in ("sliced", "whole"):
     with tf.Graph().as_default() as tf_graph:
@@ -124,7 +127,7 @@ def test_no_device_holds_more_variable_bytes_than_its_slices_need(mesh_shape, la
       mesh = mtf.Mesh(graph, "mesh")
       loss, updates = transformer.mtf_train_step(cfg, mesh, inputs, inputs, transformer.initial_values(cfg),
                                                  slice_dtype=dtype, activation_dtype=dtype)
-      impl = _impl(mesh_shape, layout, masters)
+      impl = _impl(mesh_shape, layout, masters, share_replicas=share_replicas)
       lowering = mtf.Lowering(graph, {mesh: impl})
       run = [tf.global_variables_initializer(), lowering.copy_masters_to_slices(),
              lowering.export_to_tf_tensor(loss), *[lowering.lowered_operation(u) for u in updates]]
@@ -133,9 +136,16 @@ def test_no_device_holds_more_variable_bytes_than_its_slices_need(mesh_shape, la
       if masters == "whole":  # the measure sees the master copies on the first device
         assert per_device["CPU:0"] > 1.5 * needed
         continue
-      assert sorted(per_device) == ["CPU:%d" % i for i in range(8)]
       for device, n in per_device.items():
-        assert needed <= n <= 1.05 * needed, device
+        assert n <= 1.05 * needed, device
+      if share_replicas is False:  # every processor holds its slices (as on GPUs)
+        assert sorted(per_device) == ["CPU:%d" % i for i in range(8)]
+        assert min(per_device.values()) >= needed
+      else:  # processors holding the same slice share one variable: each slice is held once
+        distinct_slices = sum(
+            len({tuple(impl.slice_begin(v.shape, p)) for p in range(impl.size)})
+            * int(np.prod(impl.slice_shape(v.shape))) * v.slice_dtype.size for v in graph.all_variables)
+        assert sum(per_device.values()) == distinct_slices
       # The variables the program never runs are exactly the masters left in the graph.
       reached = ops_run_by(run)
       never_run = {op.name for op in tf_graph.get_operations()
@@ -152,8 +162,8 @@ def test_bfloat16_slices_are_checkpointed_as_float32_without_a_float32_copy():
     assert {v.dtype.base_dtype for v in checkpointed} == {tf.float32}
     per_device = variable_bytes_per_device(
         tf_graph, [tf.global_variables_initializer(), lowering.copy_masters_to_slices(), loss, train_op])
-    slice_bytes = sum(v.size * 2 for v in lowering.graph.all_variables)  # bfloat16, held by everyone
-    assert per_device == {f"CPU:{i}": slice_bytes for i in range(8)}
+    # bfloat16, each variable once (the 8 replicas share it), and nothing in float32
+    assert sum(per_device.values()) == sum(v.size * 2 for v in lowering.graph.all_variables)
 
 
 # ---- checkpoints ----
@@ -236,6 +246,18 @@ def test_training_is_the_same_as_with_whole_masters(tmp_path, optimizer, slice_d
           for masters in ("whole", "sliced")}
   np.testing.assert_array_equal(runs["sliced"][0], runs["whole"][0])
   _assert_same(runs["sliced"][1], runs["whole"][1])
+
+
+@pytest.mark.parametrize("slice_dtype", [tf.float32, tf.bfloat16])
+def test_a_slice_variable_per_processor_trains_and_saves_as_shared_ones(tmp_path, slice_dtype):
+  runs = {share: _train_and_save(str(tmp_path / str(share)), *WRITTEN_UNDER, "sliced", steps=3,
+                                 optimizer="adam", slice_dtype=slice_dtype, share_replicas=share)
+          for share in (None, False)}
+  np.testing.assert_array_equal(runs[False][0], runs[None][0])
+  _assert_same(runs[False][1], runs[None][1])
+  values, _ = _restore(str(tmp_path / "False"), "all:8", "hidden:all", "sliced", optimizer="adam",
+                       slice_dtype=slice_dtype)
+  _assert_same(values, runs[None][1])
 
 
 def test_the_collective_backend_has_sliced_masters_too(tmp_path):
