@@ -28,3 +28,11 @@ def test_durations_are_short_and_readable():
   assert progress.format_duration(42) == "42s"
   assert progress.format_duration(125) == "2m05s"
   assert progress.format_duration(3 * 3600 + 61) == "3h01m"
+
+
+def test_runs_writing_scalars_within_one_second_keep_every_runs_scalars(tmp_path):
+  for step in (1, 2, 3):  # a run per step, as a resumed job writes; all within a second or so
+    writer = progress.summary_writer(str(tmp_path))
+    progress.write_scalars(writer, step, {"loss": float(step)})
+    writer.close()
+  assert progress.read_scalars(str(tmp_path), "loss") == [(1, 1.0), (2, 2.0), (3, 3.0)]

@@ -25,9 +25,14 @@ def format_duration(seconds: float) -> str:
 
 
 def summary_writer(log_dir: str):
-  """A tf.summary FileWriter for event files in log_dir (it may be created in eager mode too)."""
+  """A tf.summary FileWriter for event files in log_dir (it may be created in eager mode too).
+
+  TF names an event file by the second it was opened in and the host, and truncates a file of
+  that name: a run resumed within the same second overwrote the previous run's scalars. The
+  suffix (nanoseconds, fixed width) keeps every run's file, sorted in the order they were opened.
+  """
   with tf.Graph().as_default():
-    return tf.summary.FileWriter(log_dir)
+    return tf.summary.FileWriter(log_dir, filename_suffix=f".{time.time_ns():020d}")
 
 
 def write_scalars(writer, step: int, scalars: dict) -> None:
