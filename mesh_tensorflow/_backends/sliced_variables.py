@@ -156,6 +156,7 @@ class _SlicedVariable:
                               self._part_pnum[pnum] == pnum)
            for pnum in range(len(devices)) if not shared or self._part_pnum[pnum] == pnum}
     self.slices = [own[pnum if pnum in own else self._part_pnum[pnum]] for pnum in range(len(devices))]
+    self._own_pnums = sorted(own)  # the processors holding a slice variable, each variable once
     self.parts = {pnum: self.slices[pnum] for pnum in part_pnums.values()}  # each slice's part
     self._checkpointed = []  # what stands in the master's collections: a part or its CastPart
     for begin, pnum in part_pnums.items():
@@ -198,7 +199,8 @@ class _SlicedVariable:
     """Writes the whole `value` into every slice and every part."""
     per_pnum = self._mesh_impl.master_parts(tf.convert_to_tensor(value), self._variable.shape)
     ops = []
-    for pnum, target in _first_of_each(enumerate(self.slices)):
+    for pnum in self._own_pnums:
+      target = self.slices[pnum]
       with tf.device(self._mesh_impl.devices[pnum]):
         ops.append(target.assign(tf.cast(per_pnum[pnum], target.dtype), read_value=False))
     return tf.group(ops)
@@ -274,16 +276,6 @@ class CastPart(saveable_object.SaveableObject):
 
   def is_initialized(self, name=None):
     return self._part.is_initialized(name=name)
-
-
-def _first_of_each(pnums_and_variables) -> list:
-  """(pnum, variable) pairs, the first pair of each variable only (shared slice variables)."""
-  seen, ret = set(), []
-  for pnum, v in pnums_and_variables:
-    if id(v) not in seen:
-      seen.add(id(v))
-      ret.append((pnum, v))
-  return ret
 
 
 def _replace_in_collections(master, parts: list) -> None:
