@@ -3,6 +3,8 @@
 Both versions compute the same math from the same initial values (NumPy, one seed): token
 embedding, `num_layers` pre-norm blocks of causal multi-head self-attention and a ReLU
 feed-forward layer, an RMS norm, a vocabulary projection, mean cross-entropy and one SGD update.
+With `dropout_rate`, dropout follows the attention weights, the ReLU and each block's output (as
+the Transformer package's layers place it); the two versions then draw different masks.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Config:
   batch: int = 16
   vocab: int = 1024
   learning_rate: float = 0.01
+  dropout_rate: float = 0.0
 
   @property
   def d_kv(self) -> int:
@@ -71,6 +74,9 @@ def plain_tf_loss(cfg: Config, inputs, targets, r: dict, dtype=tf.float32):
   def norm(x, scale):
     return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), -1, keepdims=True) + 1e-6) * scale
 
+  def dropout(x):
+    return tf.nn.dropout(x, rate=cfg.dropout_rate) if cfg.dropout_rate else x
+
   length = inputs.shape[1]
   x = tf.gather(r["embedding"], inputs)
   pos = tf.range(length)
@@ -82,11 +88,12 @@ def plain_tf_loss(cfg: Config, inputs, targets, r: dict, dtype=tf.float32):
     k = tf.einsum("bmd,dhk->bmhk", h, r[p + "wk"])
     v = tf.einsum("bmd,dhk->bmhk", h, r[p + "wv"])
     logits = tf.einsum("blhk,bmhk->bhlm", q, k) + mask
-    weights = tf.nn.softmax(logits, -1)
+    weights = dropout(tf.nn.softmax(logits, -1))
     o = tf.einsum("bhlm,bmhk->blhk", weights, v)
-    x += tf.einsum("blhk,hkd->bld", o, r[p + "wo"])
+    x += dropout(tf.einsum("blhk,hkd->bld", o, r[p + "wo"]))
     h = norm(x, r[p + "norm_ff"])
-    x += tf.einsum("blf,fd->bld", tf.nn.relu(tf.einsum("bld,df->blf", h, r[p + "wi"])), r[p + "wo_ff"])
+    hidden = dropout(tf.nn.relu(tf.einsum("bld,df->blf", h, r[p + "wi"])))
+    x += dropout(tf.einsum("blf,fd->bld", hidden, r[p + "wo_ff"]))
   logits = tf.einsum("bld,dv->blv", norm(x, r["final_norm"]), r["softmax"])
   return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=targets, logits=tf.cast(logits, tf.float32)))
@@ -152,6 +159,9 @@ def mtf_train_step(cfg: Config, mesh, inputs, targets, values: dict, slice_dtype
   def norm(x, scale):
     return x * mtf.rsqrt(mtf.reduce_mean(mtf.square(x), reduced_dim=d_model) + 1e-6) * scale
 
+  def dropout(x):
+    return mtf.dropout(x, rate=cfg.dropout_rate) if cfg.dropout_rate else x
+
   x = mtf.gather(r["embedding"], mtf.import_tf_tensor(mesh, inputs, [batch, length]), vocab)
   mask = mtf.cast(mtf.greater(mtf.range(mesh, memory, tf.int32), mtf.range(mesh, length, tf.int32)),
                   activation_dtype) * -1e9
@@ -163,12 +173,12 @@ def mtf_train_step(cfg: Config, mesh, inputs, targets, values: dict, slice_dtype
     k = mtf.einsum([hm, r[p + "wk"]], [batch, memory, heads, d_kv])
     v = mtf.einsum([hm, r[p + "wv"]], [batch, memory, heads, d_kv])
     logits = mtf.einsum([q, k], [batch, heads, length, memory]) + mask
-    weights = mtf.softmax(logits, memory)
+    weights = dropout(mtf.softmax(logits, memory))
     o = mtf.einsum([weights, v], [batch, length, heads, d_kv])
-    x += mtf.einsum([o, r[p + "wo"]], [batch, length, d_model])
+    x += dropout(mtf.einsum([o, r[p + "wo"]], [batch, length, d_model]))
     h = norm(x, r[p + "norm_ff"])
-    x += mtf.einsum([mtf.relu(mtf.einsum([h, r[p + "wi"]], [batch, length, d_ff])), r[p + "wo_ff"]],
-                    [batch, length, d_model])
+    hidden = dropout(mtf.relu(mtf.einsum([h, r[p + "wi"]], [batch, length, d_ff])))
+    x += dropout(mtf.einsum([hidden, r[p + "wo_ff"]], [batch, length, d_model]))
   logits = mtf.einsum([norm(x, r["final_norm"]), r["softmax"]], [batch, length, vocab])
   logits = mtf.cast(logits, tf.float32)
   loss = mtf.reduce_mean(mtf.layers.softmax_cross_entropy_with_logits(

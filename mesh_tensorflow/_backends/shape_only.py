@@ -77,6 +77,11 @@ class ShapeOnlyMeshImpl(MeshImpl):
     del laid_out_x
     return _placeholder(x.shape.to_integer_list, x.dtype)
 
+  def random(self, shape, tf_fn, kwargs, key=None):
+    """A placeholder of the slice: a dry run needs the shape, not the (XLA-compiled) draw."""
+    del tf_fn, key
+    return self.LaidOutTensor([_placeholder(self.slice_shape(shape), kwargs.get("dtype", tf.float32))])
+
   def Print(self, x, data, message, **kwargs):  # pylint: disable=invalid-name
     del data, message, kwargs
     return x

@@ -9,6 +9,7 @@ import weakref
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._lowering import comm as comm_lib
+from mesh_tensorflow._lowering import random_bits, random_stream
 from mesh_tensorflow._lowering.layout_check import check_mesh_impls
 from mesh_tensorflow._lowering.mesh_impl import sequence_mode
 from mesh_tensorflow._lowering.tf_helpers import (
@@ -33,9 +34,13 @@ class Lowering:
     mesh_to_impl: {mtf.Mesh: MeshImpl}.
     autostack: stack similar variables (fewer, larger slice variables).
     log_file: a file object or a path (opened with tf.io.gfile) for the variable and counter logs.
+    random_position: an int scalar TF tensor numbering this evaluation (a training loop's global
+      step, say): random ops draw from it, and the caller makes it differ between evaluations.
+      Default: mtf's evaluation counter (see `_lowering/random_stream.py`).
   """
 
-  def __init__(self, graph, mesh_to_impl: dict, autostack: bool = True, log_file=None):
+  def __init__(self, graph, mesh_to_impl: dict, autostack: bool = True, log_file=None,
+               random_position=None):
     check_mesh_impls(graph, mesh_to_impl)  # the layout, before anything is built
     self.mesh_to_impl = mesh_to_impl
     self.graph = graph
@@ -46,6 +51,9 @@ class Lowering:
     self._events = []
     self._current_op = None
     self._loop = None  # (while_loop name, whether events are being recorded)
+    self._tf_graph = None if tf.executing_eagerly() else tf.get_default_graph()
+    self._random_position = random_position  # this evaluation's number (None: read at first use)
+    self._loop_iterations = []  # the iteration counters of the while_loops being lowered
     self.tensors = {}
     self.operations = {}
     self.variables = {}
@@ -68,7 +76,6 @@ class Lowering:
     # whole (its ops and their group) at the first request. Both outside any rewrite (e.g. a TPU
     # computation being built), where the copies themselves live.
     self._copies = None
-    self._tf_graph = None if tf.executing_eagerly() else tf.get_default_graph()
     if self._tf_graph is not None:
       with outside_all_rewrites():
         self._copies = [self._build_copy_masters_to_slices(), None]
@@ -96,16 +103,30 @@ class Lowering:
     return comm_lib.Communicator(self.mesh_impl(op), record, op.name, in_loop=loop_name)
 
   @contextlib.contextmanager
-  def in_while_loop(self, loop_name: str, record: bool):
+  def in_while_loop(self, loop_name: str, record: bool, iteration=None):
     """Lowers a while_loop's cond/body: events are tagged with the loop and recorded once.
 
     Graph mode traces a body once; eager mode runs it per iteration, and only the first run records.
+    iteration: the loop's iteration number (a TF scalar), when random ops inside draw per iteration.
     """
     previous, self._loop = self._loop, (loop_name, record)
+    if iteration is not None:
+      self._loop_iterations.append(iteration)
     try:
       yield
     finally:
       self._loop = previous
+      if iteration is not None:
+        self._loop_iterations.pop()
+
+  def random_key(self, op_key: int):
+    """A random op's stream key (uint64 scalar) for this evaluation and the loop iterations.
+
+    The evaluation number is read once per Lowering (see `_lowering/random_stream.py`).
+    """
+    if self._random_position is None:
+      self._random_position = random_stream.next_position(self._tf_graph)
+    return random_bits.stream_key(op_key, [self._random_position] + self._loop_iterations)
 
   def _record_event(self, event: comm_lib.CommEvent) -> None:
     self._events.append(event)

@@ -13,44 +13,21 @@ import contextlib
 
 import os
 import random as py_random
-import zlib
 
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._core.dims import Shape, convert_to_shape, list_product
 from mesh_tensorflow._core.layout import (
     TensorLayout, convert_to_layout_rules, pnum_to_processor_coordinates, slice_shape)
+from mesh_tensorflow._lowering import random_bits
 from mesh_tensorflow._lowering.comm import shift_sources
 from mesh_tensorflow._lowering.lazy import compatible_lazy_allreduce_sums
 from mesh_tensorflow._lowering.tf_helpers import parallel, transpose_unless_identity
-
-# Stateless counterparts of the TF random functions mtf draws from (same keyword arguments).
-_STATELESS = {
-    "random_uniform": tf.random.stateless_uniform,
-    "random_normal": tf.random.stateless_normal,
-    "truncated_normal": tf.random.stateless_truncated_normal,
-}
 
 
 def sequence_mode() -> bool:
   """MTF_SEQUENCE_MODE=1: master->slice copies run one after another (bounds host memory)."""
   return os.environ.get("MTF_SEQUENCE_MODE", "") == "1"
-
-
-def graph_random_seed():
-  """The graph-level seed set by tf.set_random_seed (graph or eager), or None."""
-  if tf.executing_eagerly():
-    from tensorflow.python.eager import context
-    return context.global_seed()
-  return tf.get_default_graph().seed
-
-
-def op_random_seed(op_name: str, fallback: int) -> int:
-  """A 31-bit seed from the graph seed and the op name (stable across processes), else `fallback`."""
-  graph_seed = graph_random_seed()
-  if graph_seed is None:
-    return fallback
-  return zlib.crc32(f"{graph_seed}/{op_name}".encode()) % (2 ** 31)
 
 
 class MeshImpl:
@@ -172,24 +149,37 @@ class MeshImpl:
     self.copy_master_to_slice_ops.append(op)
     return op
 
-  def random(self, shape, tf_fn, kwargs, seed=None):
-    """Random slices of a tensor of `shape`; processors holding the same slice draw the same values.
+  def random(self, shape, tf_fn, kwargs, key=None):
+    """Random slices of a tensor of `shape`, the same whatever the layout.
 
-    One algorithm for every backend, with no communication: each processor draws its slice with
-    the stateless counterpart of tf_fn, seeded by (seed, the slice's number), so equal slices are
-    equal draws and distinct slices independent ones. RandomOperation derives `seed` from the graph
-    seed and the op name, so a seeded graph draws the same values in every process (default: a
-    fresh random seed). A tf_fn without a stateless counterpart is called as
-    tf_fn(slice_shape, seed=[seed, slice number], **kwargs).
+    One algorithm for every backend, with no communication: each processor hashes the global
+    indices of its slice's elements with the stream key (see `_lowering/random_bits.py`), so an
+    element's value depends only on (key, its index in the whole tensor) and processors holding
+    the same slice draw the same values. tf.random.uniform / normal / truncated_normal (and
+    their v1 names) are drawn so; any other tf_fn is called per slice as
+    tf_fn(slice_shape, seed=[key, slice number], **kwargs), a stateless-style seed.
+
+    Args:
+      shape: the whole tensor's mtf Shape.
+      tf_fn: the TF random function the values follow.
+      kwargs: its keyword arguments (dtype, minval, maxval, mean, stddev, ...), without seed.
+      key: the uint64 stream key (RandomOperation passes the op's key for this evaluation);
+        None: a fixed random key.
     """
-    if seed is None:
-      seed = py_random.randrange(2 ** 31)
-    slice_shape = self.slice_shape(shape)
-    draw = _STATELESS.get(getattr(tf_fn, "__name__", None), tf_fn)
+    if key is None:
+      key = random_bits.stream_key(py_random.getrandbits(64), [])
+    kind = random_bits.kind_of(tf_fn)
+    if kind is None:
+      slice_shape = self.slice_shape(shape)
 
-    def my_fn(slice_num):
-      return draw(slice_shape, seed=tf.stack([tf.constant(seed, tf.int32), slice_num]), **kwargs)
-    return self.slicewise(my_fn, self.laid_out_slice_num(shape))
+      def per_slice(slice_num):
+        seed = tf.stack([tf.bitcast(key, tf.int64), tf.cast(slice_num, tf.int64)])
+        return tf_fn(slice_shape, seed=seed, **kwargs)
+      return self.slicewise(per_slice, self.laid_out_slice_num(shape))
+    geometry = random_bits.SliceGeometry(shape.to_integer_list, self.slice_shape(shape),
+                                         [self._pnum_to_pcoord(a) for a in self.tensor_layout(shape)])
+    return self.slicewise(lambda pnum: random_bits.draw(kind, geometry, pnum, key, **kwargs),
+                          self.laid_out_pnum())
 
   def allsplit(self, x, mesh_axis: int, split_axis: int, which=None):
     """Keeps, on each processor, the `which`-th (default: its own pcoord) piece along split_axis."""
@@ -210,10 +200,15 @@ class MeshImpl:
     """Processor i along mesh_axis receives the slice of processor i - offset (zeros past the ends)."""
     return self.receive(x, mesh_axis, shift_sources(self._shape[mesh_axis].size, offset, wrap))
 
+  def _pnum_to_pcoord(self, mesh_axis):
+    """(divisor, size) such that a processor's coordinate is (pnum // divisor) % size; None: None."""
+    if mesh_axis is None:
+      return None
+    return (list_product(self._shape.to_integer_list[mesh_axis + 1:]), self._shape[mesh_axis].size)
+
   def laid_out_pcoord(self, mesh_axis: int):
     """Each processor's coordinate along mesh_axis, as a laid-out int32 scalar."""
-    divisor = list_product(self._shape.to_integer_list[mesh_axis + 1:])
-    modulus = self._shape[mesh_axis].size
+    divisor, modulus = self._pnum_to_pcoord(mesh_axis)
 
     def my_fn(pnum):
       return tf.cast((tf.cast(pnum, tf.float32) // divisor) % modulus, tf.int32)

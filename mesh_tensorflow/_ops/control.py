@@ -10,6 +10,7 @@ from mesh_tensorflow import utils
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._lowering.lazy import LazyAllreduceSum
+from mesh_tensorflow._ops import random as random_ops
 from mesh_tensorflow._ops import variables as variable_ops
 
 __all__ = [
@@ -233,21 +234,25 @@ class WhileLoopOperation(Operation):
     # Accumulator outputs whose body value is a pending allreduce: sum partial sums, reduce after.
     lazy_accumulators = {}
     traces = {"cond": 0, "body": 0}  # eager runs cond/body per iteration; events are recorded once
+    # Random ops inside draw per iteration: the iteration number rides along as a last loop variable.
+    counts_iterations = self._draws_random_numbers()
+    num_vars = n + len(self._body_outputs[n:])
 
-    def lower_ops(kind, placeholders, tf_values, ops):
-      for t, v in zip(placeholders, tf_values):
+    def lower_ops(kind, placeholders, loop_vars, ops):
+      for t, v in zip(placeholders, loop_vars[:n]):
         lowering.tensors[t] = mesh_impl.from_loop_vars(v)
-      with lowering.in_while_loop(self.name, record=traces[kind] == 0):
+      iteration = loop_vars[num_vars] if counts_iterations else None
+      with lowering.in_while_loop(self.name, record=traces[kind] == 0, iteration=iteration):
         for op in ops:
           lowering.lower_operation(op)
       traces[kind] += 1
 
     def tf_cond_fn(*loop_vars):
-      lower_ops("cond", self._cond_inputs, loop_vars[:n], self._cond_ops)
+      lower_ops("cond", self._cond_inputs, loop_vars, self._cond_ops)
       return mesh_impl.replicated_value(lowering.tensors[self._cond_output])
 
     def tf_body_fn(*loop_vars):
-      lower_ops("body", self._body_inputs, loop_vars[:n], self._body_ops)
+      lower_ops("body", self._body_inputs, loop_vars, self._body_ops)
       ret = []
       for i, out in enumerate(self._body_outputs):
         value = lowering.tensors[out]
@@ -257,6 +262,8 @@ class WhileLoopOperation(Operation):
         if i >= n:
           value = mesh_impl.slicewise(tf.add, value, mesh_impl.from_loop_vars(loop_vars[i]))
         ret.append(mesh_impl.loop_vars(value))
+      if counts_iterations:
+        ret.append(loop_vars[num_vars] + 1)
       return ret
 
     initial = [mesh_impl.loop_vars(lowering.tensors[t]) for t in self._inputs]
@@ -264,12 +271,17 @@ class WhileLoopOperation(Operation):
       zeros = mesh_impl.slicewise(
           lambda t=t: tf.zeros(mesh_impl.slice_shape(t.shape), dtype=t.dtype))
       initial.append(mesh_impl.loop_vars(zeros))
+    if counts_iterations:
+      initial.append(tf.constant(0, tf.int32))
     results = tf.while_loop(tf_cond_fn, tf_body_fn, initial, back_prop=False, **self._tf_kwargs)
     for i, (slices, out) in enumerate(zip(results, self._outputs)):
       value = mesh_impl.from_loop_vars(slices)
       if i in lazy_accumulators:
         value = lazy_accumulators[i].with_input(value)
       lowering.set_tensor_lowering(out, value)
+
+  def _draws_random_numbers(self) -> bool:
+    return any(isinstance(op, random_ops.RandomOperation) for op in self.nested_operations())
 
   def nested_operations(self) -> list:
     """The ops lowered inside this loop, those of nested loops included."""

@@ -1,9 +1,18 @@
-"""Random tensors and dropout. Processors holding the same slice draw the same values."""
+"""Random tensors and dropout: fresh values at every evaluation, the same under every layout.
+
+Values depend on (graph seed, op number, evaluation number, loop iterations, element index) only:
+see `_lowering/random_bits.py` (the per-element draw) and `_lowering/random_stream.py` (the
+evaluation counter). An op's number counts the random ops built before it in its mtf Graph, as
+TF numbers ops for their seeds: a program built again (eagerly, or in another process) numbers
+its random ops alike, whatever name scopes TF made unique.
+"""
 
 from __future__ import annotations
 
+import itertools
 import numbers
 import random as py_random
+import weakref
 from typing import Callable, Optional
 
 import tensorflow.compat.v1 as tf
@@ -11,15 +20,23 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._core.dims import Shape, convert_to_shape
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
-from mesh_tensorflow._lowering.mesh_impl import op_random_seed
+from mesh_tensorflow._lowering import random_bits
+from mesh_tensorflow._lowering.random_stream import graph_random_seed
 from mesh_tensorflow._ops import binary as binary_ops
 from mesh_tensorflow._ops import elementwise as elementwise_ops
 
 __all__ = ["RandomOperation", "random_uniform", "random_normal", "dropout"]
 
+_random_op_numbers = weakref.WeakKeyDictionary()  # mtf Graph -> count of its RandomOperations
+
 
 class RandomOperation(Operation):
-  """A tensor of random values drawn by `tf_fn(slice_shape, seed=..., **kwargs)` per slice."""
+  """A tensor of random values following `tf_fn` (tf.random.uniform, normal, truncated_normal).
+
+  Each evaluation (Session.run, eager lowering, tf.function call, while_loop iteration) draws
+  new values; with a graph seed the sequence is the same in every process and every run. See
+  MeshImpl.random for other tf_fns.
+  """
 
   # A recomputation (recompute_grad) must see the same random values, so the op is shared, not cloned.
   is_not_cloned = True
@@ -28,16 +45,18 @@ class RandomOperation(Operation):
     super().__init__([], mesh=mesh, name=kwargs.get("name", "random"))
     self._tf_fn = tf_fn
     self._kwargs = kwargs
+    random_bits.check_kwargs(random_bits.kind_of(tf_fn), kwargs, self.name)
     self._outputs = [Tensor(self, convert_to_shape(shape), tf.as_dtype(kwargs.get("dtype", tf.float32)))]
+    self._number = next(_random_op_numbers.setdefault(self.graph, itertools.count()))
     # Without a graph seed, every lowering of this op (e.g. one per TPU replica) still draws alike.
-    self._unseeded_seed = py_random.randrange(2 ** 31)
+    self._unseeded_key = py_random.getrandbits(64)
     self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
     out = self.outputs[0]
-    seed = op_random_seed(self.name, fallback=self._unseeded_seed)
-    lowering.set_tensor_lowering(out, mesh_impl.random(out.shape, self._tf_fn, self._kwargs, seed=seed))
+    key = lowering.random_key(random_bits.op_key(graph_random_seed(), self._number, self._unseeded_key))
+    lowering.set_tensor_lowering(out, mesh_impl.random(out.shape, self._tf_fn, self._kwargs, key=key))
 
 
 def random_uniform(mesh, shape, **kwargs) -> Tensor:

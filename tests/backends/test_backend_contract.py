@@ -17,6 +17,7 @@ from mesh_tensorflow._backends.collective import CollectiveMeshImpl
 from mesh_tensorflow._backends.shape_only import ShapeOnlyMeshImpl
 from mesh_tensorflow._backends.simd import SimdMeshImpl
 from mesh_tensorflow._core.layout import processor_groups
+from mesh_tensorflow._lowering import random_bits
 from mesh_tensorflow._lowering.backend import BACKEND_PRIMITIVES, Backend, LaidOutVariableLike
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
 from tests.backends.test_simd_mesh_impl import _run_emulated
@@ -152,23 +153,25 @@ def test_pcoord_slicewise_tuples_and_allsplit(run):
     np.testing.assert_array_equal(pieces[pnum], xs[pnum][:, 2 * (pnum % 4):2 * (pnum % 4) + 2])
 
 
-@pytest.mark.parametrize("layout", ["", "a:rows", "b:cols", "a:cols;b:rows"])
-def test_random_draws_agree_on_equal_slices_and_match_across_backends(run, layout):
+def _draw(impl, lo):
+  """impl's slices of one random tensor of shape a:4;b:8 under a fixed stream key."""
+  del lo
   shape = mtf.convert_to_shape("a:4;b:8")
-  got = run(layout, lambda impl, lo: impl.random(shape, tf.random.uniform, {"maxval": 10.0}, seed=42))
+  return impl.random(shape, tf.random.uniform, {"maxval": 10.0}, key=random_bits.stream_key(42, [7]))
+
+
+@pytest.mark.parametrize("layout", ["", "a:rows", "b:cols", "a:cols;b:rows"])
+def test_random_draws_are_slices_of_one_tensor_whatever_the_layout_and_backend(run, layout):
+  got = run(layout, _draw)
+  # One algorithm: every backend and layout draws the slices of the tensor the placement backend
+  # draws whole (the empty layout gives every processor all of it).
+  whole = RUNNERS["placement_graph"]("", _draw)[0]
+  assert len(np.unique(whole)) == whole.size  # independent draws
   impl = MeshImpl(MESH, layout)
-  by_begin = {}
+  shape = mtf.convert_to_shape("a:4;b:8")
   for pnum in range(SIZE):
-    begin = tuple(impl.slice_begin(shape, pnum))
-    by_begin.setdefault(begin, got[pnum])
-    np.testing.assert_array_equal(got[pnum], by_begin[begin])
-  firsts = [v.ravel()[0] for v in by_begin.values()]
-  assert len(set(firsts)) == len(firsts)  # distinct slices, independent draws
-  # One algorithm: every backend draws exactly these values (placement graph mode as reference).
-  reference = RUNNERS["placement_graph"](
-      layout, lambda impl, lo: impl.random(shape, tf.random.uniform, {"maxval": 10.0}, seed=42))
-  for a, b in zip(got, reference):
-    np.testing.assert_array_equal(a, b)
+    (a, b), (size_a, size_b) = impl.slice_begin(shape, pnum), impl.slice_shape(shape)
+    np.testing.assert_array_equal(got[pnum], whole[a:a + size_a, b:b + size_b])
 
 
 def test_control_inputs_replicated_value_and_loop_vars_round_trip(run):

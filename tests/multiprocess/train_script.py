@@ -26,7 +26,10 @@ BATCH, D_IN, HIDDEN, D_OUT = 8, 4, 8, 4
 
 
 def build(mesh):
-  """Loss of a two-layer ReLU net on a fixed batch, its gradients and an SGD update."""
+  """Loss of a two-layer ReLU net with dropout on a fixed batch, its gradients and an SGD update.
+
+  Dropout draws a fresh mask at every run; every process draws its slices of the same mask.
+  """
   batch, d_in = mtf.Dimension("batch", BATCH), mtf.Dimension("d_in", D_IN)
   hidden, d_out = mtf.Dimension("hidden", HIDDEN), mtf.Dimension("d_out", D_OUT)
   rng = np.random.RandomState(0)
@@ -34,7 +37,7 @@ def build(mesh):
   y = mtf.import_tf_tensor(mesh, tf.constant(rng.randn(BATCH, D_OUT).astype(np.float32)), [batch, d_out])
   w1 = mtf.get_variable(mesh, "w1", [d_in, hidden])  # random init: same seed, same values everywhere
   w2 = mtf.get_variable(mesh, "w2", [hidden, d_out])
-  h = mtf.relu(mtf.einsum([x, w1], output_shape=[batch, hidden]))
+  h = mtf.dropout(mtf.relu(mtf.einsum([x, w1], output_shape=[batch, hidden])), rate=0.25)
   out = mtf.einsum([h, w2], output_shape=[batch, d_out])
   loss = mtf.reduce_mean(mtf.square(out - y))
   grads = mtf.gradients([loss], [w1, w2])

@@ -178,3 +178,19 @@ def test_bitransformer_greedy_decode_is_greedy_and_beam_decode_runs():
   assert cleaned.shape == beams.shape == (BATCH, LENGTH)
   np.testing.assert_array_equal(np.where(cleaned > 0, argmax, 0), cleaned)
   assert ((beams >= 0) & (beams < VOCAB)).all()
+
+
+def test_sampling_draws_fresh_noise_at_every_step_and_for_every_sequence():
+  """At a temperature where the noise outweighs the logits, each step's token follows that step's
+  noise: identical prompts get different continuations, and no sequence repeats one token."""
+  rows = 8
+
+  def build(mesh):
+    model = model_check.lm(max_length=LENGTH)
+    zeros = mtf.zeros(mesh, [mtf.Dimension("batch", rows), mtf.Dimension("length", LENGTH)], dtype=tf.int32)
+    return [model.sample_autoregressive(zeros, stop_at_token=None, temperature=1e4,
+                                        has_partial_sequences=False)]
+  for mesh_shape, layout in [("all:1", ""), ("all:2", "batch:all")]:
+    (sampled,) = lower_and_evaluate(build, mesh_shape, layout)
+    assert len({tuple(row) for row in sampled}) == rows
+    assert all(len(set(row)) > 1 for row in sampled)

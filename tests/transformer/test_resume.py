@@ -12,7 +12,9 @@ import numpy as np
 from mesh_tensorflow.transformer._train import checkpoints, progress
 from tests.transformer import tiny_run
 
-STEPS = tiny_run.TWO_DEVICES + ["utils.run.train_steps = 30", "utils.run.save_checkpoints_steps = 5"]
+# With dropout on: a resumed run must also draw the masks an uninterrupted run would have.
+STEPS = tiny_run.TWO_DEVICES + ["utils.run.train_steps = 30", "utils.run.save_checkpoints_steps = 5",
+                                "dropout_rate = 0.1"]
 
 
 def run_main(model_dir, corpus):

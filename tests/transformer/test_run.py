@@ -109,19 +109,36 @@ def test_init_checkpoint_warm_starts_a_fresh_model_dir_at_step_zero(tmp_path, co
 
 def test_training_continues_under_other_meshes_from_a_batch_8_checkpoint(tmp_path, corpus):
   """batch:8 for 3 steps, then batch:2;model:4 to step 4, then one device to step 5: the losses are
-  those of an uninterrupted batch:8 run."""
-  data_parallel = ["utils.run.mesh_shape = 'batch:8'", "utils.run.layout_rules = 'batch:batch'"]
+  those of an uninterrupted batch:8 run, dropout masks included."""
+  dropout = ["dropout_rate = 0.1"]
+  data_parallel = ["utils.run.mesh_shape = 'batch:8'", "utils.run.layout_rules = 'batch:batch'"] + dropout
   tiny_run.configure_gin(corpus, data_parallel + ["utils.run.train_steps = 5"])
   run(tmp_path / "reference", "train")
   reference = dict(progress.read_scalars(str(tmp_path / "reference"), "loss"))
   for steps, bindings, layout in [(3, data_parallel, "layouts/cpu8_dp_mp.gin"),
-                                  (4, [], "layouts/cpu8_dp_mp.gin"), (5, [], "layouts/single.gin")]:
+                                  (4, dropout, "layouts/cpu8_dp_mp.gin"), (5, dropout, "layouts/single.gin")]:
     tiny_run.configure_gin(corpus, bindings + [f"utils.run.train_steps = {steps}"], layout=layout)
     run(tmp_path / "continued", "train")
   continued = dict(progress.read_scalars(str(tmp_path / "continued"), "loss"))
   assert sorted(continued) == [1, 2, 3, 4, 5]
   np.testing.assert_allclose([continued[s] for s in range(1, 6)], [reference[s] for s in range(1, 6)],
                              rtol=2e-5)
+
+
+def test_dropout_training_gives_the_same_losses_on_one_device_and_on_a_2x4_mesh(tmp_path, corpus):
+  """Dropout masks do not depend on the layout: 10 steps with dropout_rate 0.1 agree, and differ
+  from the same steps without dropout."""
+  losses = {}
+  runs = [("single", "layouts/single.gin", 0.1), ("2x4", "layouts/cpu8_dp_mp.gin", 0.1),
+          ("no_dropout", "layouts/single.gin", 0.0)]
+  for name, layout, dropout_rate in runs:
+    tiny_run.configure_gin(corpus, ["utils.run.train_steps = 10", "utils.run.save_checkpoints_steps = 10",
+                                    f"dropout_rate = {dropout_rate}"], layout=layout)
+    run(tmp_path / name, "train")
+    losses[name] = [loss for _, loss in progress.read_scalars(str(tmp_path / name), "loss")]
+  assert len(losses["single"]) == 10
+  np.testing.assert_allclose(losses["2x4"], losses["single"], rtol=2e-5)
+  assert np.abs(np.array(losses["no_dropout"]) - losses["single"]).min() > 1e-4
 
 
 @pytest.mark.parametrize("bindings, message", [

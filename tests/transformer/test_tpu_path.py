@@ -161,7 +161,7 @@ BATCH, LENGTH, STEPS = 8, 16, 3
 
 @pytest.fixture
 def tiny_model(tmp_path):
-  tiny_run.configure_gin(tiny_run.write_corpus(str(tmp_path)))
+  tiny_run.configure_gin(tiny_run.write_corpus(str(tmp_path)), ["dropout_rate = 0.1"])  # masks too
   yield lambda mesh_shape: build_model(model_type="lm", input_vocab_size=VOCAB, output_vocab_size=VOCAB,
                                        layout_rules=LAYOUT, mesh_shape=mesh_shape)
   gin.clear_config()
@@ -192,7 +192,7 @@ def _placement_losses(model, config, batches):
   """Losses of the CPU path's graph (model_fn.build_model_graph on PlacementMeshImpl); saves the
   initial variables as model.ckpt-0 and returns (losses, the names that checkpoint holds)."""
   with tf.Graph().as_default():
-    tf.set_random_seed(loop.GRAPH_SEED)
+    tf.set_random_seed(loop.DEFAULT_RANDOM_SEED)
     features = {"targets": tf.placeholder(tf.int32, [BATCH, LENGTH])}
     global_step = tf.train.get_or_create_global_step()
     impl = model_fn.make_mesh_impl(config.mesh_shape, LAYOUT, cpu_devices(4))
@@ -228,7 +228,7 @@ def _emulated_tpu_losses(model, config, batches, l2p, monkeypatch):
   num_replicas = mtf.convert_to_shape(config.mesh_shape).size
   emulator = _EmulatedTpuOps(num_replicas)
   with tf.Graph().as_default() as graph:
-    tf.set_random_seed(loop.GRAPH_SEED)
+    tf.set_random_seed(loop.DEFAULT_RANDOM_SEED)
     features = {"targets": tf.placeholder(tf.int32, [BATCH, LENGTH])}
     steps = []
     with monkeypatch.context() as patch:

@@ -24,6 +24,8 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow._lowering import random_stream
+
 CHECKPOINT_PREFIX = "model.ckpt"
 _TMP_PREFIX = ".tmp-"
 # Test hook: a process saving this step kills itself (SIGKILL) after the data is written,
@@ -110,7 +112,7 @@ def check_checkpoint_matches(path: str, variables: Sequence) -> None:
   """
   shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
   saved = _saved_variables(variables)
-  missing = [name for name in saved if name not in shapes]
+  missing = [name for name in saved if name not in shapes and not _may_be_absent(saved[name][1])]
   for name, (shape, _) in saved.items():
     if name in shapes:
       _check_shape(path, shapes, name, name, shape)
@@ -119,6 +121,25 @@ def check_checkpoint_matches(path: str, variables: Sequence) -> None:
         f"Checkpoint {path} lacks {len(missing)} of the model's variables, e.g. {missing[:3]}. It was "
         f"written by a different model: use another model_dir, or pass it as init_checkpoint to "
         f"load only the variables it has.")
+
+
+def _may_be_absent(variables: Sequence) -> bool:
+  """The random counter is absent from checkpoints written before it existed (or by 0.1.21)."""
+  return all(random_stream.is_counter(v) for v in variables)
+
+
+def restore_checkpoint(session, path: str, variables: Sequence, saver=None) -> None:
+  """Restores `variables` from checkpoint `path` after checking names and shapes.
+
+  A random counter the checkpoint lacks keeps its value (the stream starts over). `saver`: a
+  Saver over exactly `variables`, used when the checkpoint holds them all.
+  """
+  check_checkpoint_matches(path, variables)
+  names = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+  present = [v for name, (_, saved) in _saved_variables(variables).items() if name in names for v in saved]
+  if saver is None or len(present) < len(variables):
+    saver = tf.train.Saver(present)
+  saver.restore(session, path)
 
 
 def _write_atomically(path: str, text: str) -> None:
@@ -187,8 +208,7 @@ class CheckpointManager:
 
   def restore(self, session, path: str) -> None:
     """Restores every variable from `path` (CheckpointMismatchError if names or shapes differ)."""
-    check_checkpoint_matches(path, self._variables)
-    self._saver.restore(session, path)
+    restore_checkpoint(session, path, self._variables, self._saver)
 
 
 def restore_available(session, path: str, variables: Sequence,

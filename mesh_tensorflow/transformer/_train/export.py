@@ -37,7 +37,7 @@ def export_model(runner: loop.ModelRunner, vocabulary, checkpoint: str, export_d
   path = os.path.join(export_dir, str(loop.checkpoint_step(checkpoint)))
   lm = model_fn.is_unitransformer(runner.model)
   with tf.Graph().as_default():
-    tf.set_random_seed(loop.GRAPH_SEED)
+    loop.set_random_seed(runner.random_seed)
     texts = {"inputs": tf.placeholder(tf.string, [runner.batch_size], name="inputs")}
     if score:
       texts["targets"] = tf.placeholder(tf.string, [runner.batch_size], name="targets")

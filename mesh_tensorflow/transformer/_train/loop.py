@@ -20,9 +20,16 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow.transformer._train import checkpoints, inputs, model_fn, progress
 from mesh_tensorflow.transformer._utils import checkpoint_selection
 
-# Graph-level seed: initial weights (and sampling) are the same in every run and under every
-# layout, which makes runs comparable and resumed runs exact.
-GRAPH_SEED = 0
+# The default graph-level seed (utils.run.random_seed): initial weights, dropout masks and
+# sampling noise are the same in every run and under every layout, which makes runs comparable
+# and resumed runs exact.
+DEFAULT_RANDOM_SEED = 0
+
+
+def set_random_seed(seed: Optional[int]) -> None:
+  """The graph-level seed of a graph the driver builds; None leaves it unset (fresh each run)."""
+  if seed is not None:
+    tf.set_random_seed(seed)
 
 
 @dataclasses.dataclass
@@ -43,6 +50,7 @@ class TrainConfig:
   variable_filter: Optional[Callable] = None
   init_checkpoint: Optional[str] = None
   seen_data_init_step: int = 0
+  random_seed: Optional[int] = DEFAULT_RANDOM_SEED
 
 
 def checkpoint_step(path: str) -> int:
@@ -60,8 +68,7 @@ def initialize_and_restore(session, lowering, checkpoint: Optional[str], manager
     if manager is not None:
       manager.restore(session, checkpoint)
     else:
-      checkpoints.check_checkpoint_matches(checkpoint, _model_variables())
-      tf.train.Saver(_model_variables()).restore(session, checkpoint)
+      checkpoints.restore_checkpoint(session, checkpoint, _model_variables())
   elif init_checkpoint:
     found = checkpoints.restore_available(
         session, init_checkpoint, _model_variables(),
@@ -98,7 +105,7 @@ def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: TrainConfig,
   if latest:
     print_fn(f"Resuming from {latest} at step {start_step}.")
   with tf.Graph().as_default():
-    tf.set_random_seed(GRAPH_SEED)
+    set_random_seed(config.random_seed)
     features = inputs.training_features(dataset_fn(), config.batch_size,
                                         start_step - config.seen_data_init_step)
     global_step = tf.train.get_or_create_global_step()
@@ -153,6 +160,7 @@ class ModelRunner:
   variable_dtype: object
   mesh_devices: Optional[list] = None
   autostack: bool = True
+  random_seed: Optional[int] = DEFAULT_RANDOM_SEED
 
 
 @contextlib.contextmanager
@@ -160,7 +168,7 @@ def restored_session(runner: ModelRunner, mode: str, lengths: dict, checkpoint: 
   """Builds the `mode` ("eval" or "infer") graph fed by int32 placeholders [batch_size, length],
   restores `checkpoint` into it, and yields (session, placeholders, outputs)."""
   with tf.Graph().as_default():
-    tf.set_random_seed(GRAPH_SEED)
+    set_random_seed(runner.random_seed)
     placeholders = {k: tf.placeholder(tf.int32, [runner.batch_size, n], name=k) for k, n in lengths.items()}
     mesh_impl = model_fn.make_mesh_impl(runner.mesh_shape, runner.layout_rules, runner.mesh_devices)
     built = model_fn.build_model_graph(runner.model, placeholders, mode, mesh_impl, runner.variable_dtype,

@@ -133,7 +133,8 @@ def _decode(model, mtf_features: dict, variable_dtype):
 
 def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtype, autostack: bool = True,
                       optimizer: Optional[Callable] = None, learning_rate=None,
-                      variable_filter: Optional[Callable] = None, variable_placer=None) -> LoweredModel:
+                      variable_filter: Optional[Callable] = None, variable_placer=None,
+                      random_position=None) -> LoweredModel:
   """Builds and lowers one mode's graph on mesh "my_mesh" in the default TF graph.
 
   Args:
@@ -148,6 +149,9 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
     variable_filter: train only; a predicate on variable names selecting what is trained.
     variable_placer: places the master variables (an mtf.utils.BalancedVariablePlacer over the
       TPU hosts, say); default: all on "cpu:0".
+    random_position: the number random ops draw for (mtf.Lowering's argument); train default:
+      the global step, so dropout masks follow the step and a resumed run draws what an
+      uninterrupted one would have.
 
   Returns:
     LoweredModel with outputs: train {"loss", "learning_rate", "tokens"}, eval {"log_likelihood",
@@ -174,7 +178,9 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
           logits, mtf_features["targets"], logits.shape.dims[-1])
       mtf_outputs.update(log_likelihood=mtf.anonymize(log_likelihood), num_tokens=mtf.anonymize(num_tokens))
   check_layout_divides(graph, mesh_impl)
-  lowering = mtf.Lowering(graph, {mesh: mesh_impl}, autostack=autostack)
+  if mode == "train" and random_position is None:
+    random_position = tf.train.get_or_create_global_step().read_value()
+  lowering = mtf.Lowering(graph, {mesh: mesh_impl}, autostack=autostack, random_position=random_position)
   outputs = {k: lowering.export_to_tf_tensor(v) for k, v in mtf_outputs.items()}
   train_op = None
   if mode == "train":

@@ -131,7 +131,7 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
         learning_rate_schedule=None, optimizer=None, predict_fn=None, variable_filter=None,
         perplexity_eval_steps=100, init_checkpoint=None, ensemble_inputs=None, train_model_fn=train_model,
         skip_seen_data=False, seen_data_init_step=0, output_eval_examples=True,
-        checkpoint_input_pipeline=False):
+        checkpoint_input_pipeline=False, random_seed=loop.DEFAULT_RANDOM_SEED):
   """Runs one mode of a Transformer with the gin-configured model, data, mesh and layout.
 
   Same arguments as upstream's `utils.run`. Differences, all because there is no estimator:
@@ -142,6 +142,11 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
   checkpoints) after `tpu.connect` checks the TPU answers, and other modes are refused. Returns
   what the mode produced (train: final step and loss; perplexity_eval: a list of result dicts;
   eval: metrics; infer: decodes; score_*: scores; export_*: the export directory).
+
+  One argument is ours: `random_seed` (default 0), the graph-level seed of every graph the run
+  builds. Initial weights, dropout masks and sampling noise follow it, so two runs (and a run
+  resumed from a checkpoint) draw the same values under every layout; None draws differently
+  in each run.
   """
   del predict_fn, ensemble_inputs, output_eval_examples
   del skip_seen_data, checkpoint_input_pipeline  # the data position always resumes (see above)
@@ -175,7 +180,8 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
   variable_dtype = get_variable_dtype()
   runner = loop.ModelRunner(model=model, mesh_shape=mesh_shape, layout_rules=layout_rules,
                             batch_size=batch_size, sequence_length=sequence_length,
-                            variable_dtype=variable_dtype, mesh_devices=mesh_devices, autostack=autostack)
+                            variable_dtype=variable_dtype, mesh_devices=mesh_devices, autostack=autostack,
+                            random_seed=random_seed)
   summary_dir = eval_summary_dir or os.path.join(model_dir, "%s_eval" % dataset_split)
 
   if mode == "train":
@@ -185,7 +191,7 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
         save_checkpoints_steps=save_checkpoints_steps, keep_checkpoint_max=keep_checkpoint_max,
         autostack=autostack, learning_rate_schedule=learning_rate_schedule, optimizer=optimizer,
         variable_filter=_variable_filter(variable_filter), init_checkpoint=init_checkpoint,
-        seen_data_init_step=seen_data_init_step)
+        seen_data_init_step=seen_data_init_step, random_seed=random_seed)
     return train_model_fn(config, model, vocabulary, sequence_length, train_dataset_fn, dataset_split,
                           variable_dtype, trainer=trainer)
   if mode in ("export", "export_infer", "export_score"):

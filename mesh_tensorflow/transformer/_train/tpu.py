@@ -162,17 +162,19 @@ def host_devices(device_assignment, job: Optional[str]) -> list:
 
 
 def replica_train_step(model, features: dict, mesh_impl, variable_dtype, config: loop.TrainConfig,
-                       variable_placer=None) -> model_fn.LoweredModel:
+                       variable_placer=None, random_position=None) -> model_fn.LoweredModel:
   """One training step as every replica runs it: the CPU/GPU loop's model_fn with a TPU mesh.
 
-  The learning rate follows the global step, which the returned train op increments.
+  The learning rate follows the global step, which the returned train op increments; random ops
+  draw for random_position (default: the global step).
   """
   return model_fn.build_model_graph(
       model, features, "train", mesh_impl, variable_dtype, autostack=config.autostack,
       optimizer=config.optimizer,
       learning_rate=loop._learning_rate(config.learning_rate_schedule,  # pylint: disable=protected-access
                                         tf.train.get_or_create_global_step()),
-      variable_filter=config.variable_filter, variable_placer=variable_placer)
+      variable_filter=config.variable_filter, variable_placer=variable_placer,
+      random_position=random_position)
 
 
 def hierarchical_tiling_spec() -> Optional[list]:
@@ -238,7 +240,9 @@ def build_training_graph(model, dataset: tf.data.Dataset, config: loop.TrainConf
   def body(i, loss, learning_rate, tokens):
     del loss, learning_rate
     features = dict(zip(keys, queue.generate_dequeue_op()))
-    step = replica_train_step(model, features, mesh_impl, variable_dtype, config, placer)
+    # The global step is set after each loop: inside it, step number = loop start + iteration.
+    position = global_step.read_value() + tf.cast(i, tf.int64)
+    step = replica_train_step(model, features, mesh_impl, variable_dtype, config, placer, position)
     built["lowering"] = step.lowering
     with tf.control_dependencies([step.train_op]):
       return (i + 1, tf.identity(step.outputs["loss"]), tf.identity(step.outputs["learning_rate"]),
@@ -338,7 +342,7 @@ def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: loop.TrainCo
   device_assignment, logical_to_physical = assign_devices(topology, config.mesh_shape,
                                                           hierarchical_tiling_spec)
   with tf.Graph().as_default():
-    tf.set_random_seed(loop.GRAPH_SEED)
+    loop.set_random_seed(config.random_seed)
     graph = build_training_graph(model, dataset_fn(), config, variable_dtype, device_assignment,
                                  logical_to_physical, cluster.job, start_step)
     manager = checkpoints.CheckpointManager(config.model_dir, tf.global_variables(),

@@ -1,0 +1,228 @@
+"""Counter-based random numbers: an element's value is a hash of (stream key, its global index).
+
+A random tensor's values depend only on its stream key (the op's seed, the evaluation number,
+the loop iterations; see `_lowering/random_stream.py`) and on each element's position in the
+*whole* tensor, never on how the tensor is split: every processor hashes the global indices of
+its own slice. So a dropout mask is the same on one device and on any mesh, and processors
+holding the same slice compute the same values without communicating.
+
+The hash is SplitMix64's output function applied to `key + (index + 1) * golden_gamma`: each key
+is a SplitMix64 stream, and two streams overlap only if their keys differ by fewer than
+(number of elements) multiples of the gamma, a chance of about 2^-40 for a 2^24-element tensor.
+
+The integer part (indices, hash, conversion to a uniform number in the target precision) is
+exact, so it is compiled with XLA where TF allows (an XLA call inside a tf.compat.v1 while_loop
+does not run) and built from plain TF ops otherwise, with equal results. Floating-point
+transforms (the affine map of a uniform, erfinv for normals) are plain TF ops on either path, so
+results agree to the bit whichever path drew them.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import Optional, Sequence
+
+import tensorflow as tf2
+import tensorflow.compat.v1 as tf
+
+_U64 = tf.uint64
+GOLDEN_GAMMA = 0x9E3779B97F4A7C15
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+# Standard uniforms carry as many random bits as the dtype's significand holds, so every value
+# is exact in that dtype and the draws never round up to 1.
+_SIGNIFICAND_BITS = {tf.float64: 53, tf.float32: 24, tf.bfloat16: 8, tf.float16: 11}
+# erf(sqrt(2)): TF's truncated normal keeps values within two standard deviations.
+_ERF_SQRT2 = 0.9544997361036416
+
+KINDS = ("uniform", "normal", "truncated_normal")
+
+
+def mix64(z):
+  """SplitMix64's output function on a uint64 tensor (a bijection with good avalanche)."""
+  z = _xor_shift(z, 30) * tf.constant(_MIX1, _U64)
+  z = _xor_shift(z, 27) * tf.constant(_MIX2, _U64)
+  return _xor_shift(z, 31)
+
+
+def _xor_shift(z, bits: int):
+  return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(bits, _U64)))
+
+
+def op_key(graph_seed: Optional[int], op_number: int, fallback: int) -> int:
+  """A 64-bit key per random op: from the graph seed and the op's number, else `fallback`.
+
+  A cryptographic hash (not Python's hash()), so every process of a mesh agrees.
+  """
+  if graph_seed is None:
+    return fallback
+  digest = hashlib.blake2b(f"{graph_seed}/{op_number}".encode(), digest_size=8).digest()
+  return int.from_bytes(digest, "little")
+
+
+def stream_key(key: int, counters: Sequence) -> tf.Tensor:
+  """A uint64 scalar: `key` advanced by each counter in turn (evaluation number, loop iterations).
+
+  Distinct counter values give distinct keys: each step is a bijection of the previous key.
+  """
+  ret = tf.constant(key, _U64)
+  for counter in counters:
+    step = tf.cast(tf.cast(counter, tf.int64), _U64) + tf.constant(1, _U64)
+    ret = mix64(ret + step * tf.constant(GOLDEN_GAMMA, _U64))
+  return ret
+
+
+def kind_of(tf_fn) -> Optional[str]:
+  """"uniform", "normal" or "truncated_normal" for TF's random functions, else None."""
+  return {"random_uniform": "uniform", "random_normal": "normal",
+          "truncated_normal": "truncated_normal"}.get(getattr(tf_fn, "__name__", None))
+
+
+_ARGUMENTS = {"uniform": ("minval", "maxval"), "normal": ("mean", "stddev"),
+              "truncated_normal": ("mean", "stddev")}
+
+
+def check_kwargs(kind: Optional[str], kwargs: dict, op_name: str) -> None:
+  """Raises TypeError for a keyword the TF function of `kind` does not take (None: any)."""
+  if kind is None:
+    return
+  unknown = sorted(set(kwargs) - set(_ARGUMENTS[kind]) - {"dtype", "name"})
+  if unknown:
+    raise TypeError(f"Random op {op_name!r} ({kind}): unexpected keyword arguments {unknown}; it "
+                    f"takes {list(_ARGUMENTS[kind])}, dtype and name (no seed: set a graph seed).")
+
+
+class SliceGeometry:
+  """Where a processor's slice sits in the whole tensor: the static part of a draw.
+
+  Args:
+    full_shape: the whole tensor's dimension sizes.
+    slice_shape: the slice's sizes.
+    split_axes: per tensor dimension, None, or (pnum divisor, mesh dimension size) of the mesh
+      axis it is split over: the processor's coordinate is (pnum // divisor) % size.
+  """
+
+  def __init__(self, full_shape: Sequence[int], slice_shape: Sequence[int], split_axes: Sequence):
+    self.full_shape = tuple(full_shape)
+    self.slice_shape = tuple(slice_shape)
+    self.split_axes = tuple(split_axes)
+
+  @property
+  def static_key(self) -> tuple:
+    return self.full_shape, self.slice_shape, self.split_axes
+
+  def global_indices(self, pnum):
+    """uint64 tensor of the slice's shape: each element's index in the flattened whole tensor."""
+    pnum = tf.cast(pnum, tf.int64)
+    ret = tf.zeros([], _U64)
+    stride = 1
+    rank = len(self.full_shape)
+    for d in reversed(range(rank)):
+      positions = tf.range(self.slice_shape[d], dtype=tf.int64)
+      if self.split_axes[d] is not None:
+        divisor, size = self.split_axes[d]
+        positions += (pnum // divisor) % size * self.slice_shape[d]
+      shape = [1] * rank
+      shape[d] = self.slice_shape[d]
+      ret = ret + tf.reshape(tf.cast(positions, _U64) * tf.constant(stride, _U64), shape)
+      stride *= self.full_shape[d]
+    return ret
+
+
+def _bits(geometry: SliceGeometry, pnum, key):
+  """The slice's random uint64s: mix64(key + (global index + 1) * gamma)."""
+  index = geometry.global_indices(pnum)
+  gamma = tf.constant(GOLDEN_GAMMA, _U64)
+  return mix64(key + (index + tf.constant(1, _U64)) * gamma)
+
+
+def _standard(kind: str, dtype, geometry: SliceGeometry, pnum, key, int_range):
+  """The exact part of a draw, by kind and dtype.
+
+  uniform, floating: values k / 2^b in [0, 1), b the dtype's significand bits (float32 for 8- and
+    16-bit floats, cast exactly later);
+  uniform, integer: minval + bits mod (maxval - minval), int_range = (minval, maxval) as int64;
+  normal kinds: (2k + 1 - 2^b) / 2^b in (-1, 1), erfinv's argument.
+  """
+  bits = _bits(geometry, pnum, key)
+  if dtype.is_integer:
+    minval, maxval = int_range[0], int_range[1]
+    span = tf.bitcast(maxval - minval, _U64)
+    return tf.cast(minval + tf.bitcast(tf.math.floormod(bits, span), tf.int64), dtype)
+  b = _SIGNIFICAND_BITS[dtype]
+  compute_dtype = tf.float64 if dtype == tf.float64 else tf.float32
+  k = tf.bitcast(tf.bitwise.right_shift(bits, tf.constant(64 - b, _U64)), tf.int64)
+  if kind == "uniform":
+    return tf.cast(k, compute_dtype) * (2.0 ** -b)
+  return tf.cast(2 * k + (1 - 2 ** b), compute_dtype) * (2.0 ** -b)
+
+
+_compiled = {}  # (kind, dtype, geometry) -> an XLA-compiled _standard
+
+
+def _standard_compiled(kind, dtype, geometry, pnum, key, int_range):
+  """_standard through XLA: one fused loop instead of a dozen passes over 64-bit tensors.
+
+  One tf.function per static configuration, each traced once; a partial (not a closure) keeps
+  TF's retracing detector from counting all of them as one function that retraces.
+  """
+  cache_key = (kind, dtype, geometry.static_key)
+  if cache_key not in _compiled:
+    _compiled[cache_key] = tf2.function(functools.partial(_standard, kind, dtype, geometry),
+                                        jit_compile=True, autograph=False)
+  return _compiled[cache_key](pnum, key, int_range)
+
+
+def draw(kind: str, geometry: SliceGeometry, pnum, key, dtype=tf.float32, **kwargs):
+  """One processor's slice of a random tensor (kwargs as for tf.random.uniform / normal).
+
+  Args:
+    kind: one of KINDS.
+    geometry: the slice's place in the whole tensor.
+    pnum: the processor's number (int or int scalar tensor).
+    key: the stream key (uint64 scalar tensor, see stream_key).
+    dtype: the values' dtype.
+    **kwargs: minval/maxval (uniform) or mean/stddev (normal kinds), numbers or tensors.
+  """
+  dtype = tf.as_dtype(dtype)
+  if kind not in KINDS:
+    raise ValueError(f"Unknown random kind {kind!r}; expected one of {KINDS}.")
+  if kind != "uniform" and not dtype.is_floating:
+    raise ValueError(f"A {kind} draw must be floating, got {dtype.name}.")
+  int_range = tf.zeros([2], tf.int64)
+  if dtype.is_integer:
+    if kwargs.get("maxval") is None:
+      raise ValueError(f"An integer uniform draw ({dtype.name}) needs an explicit maxval.")
+    int_range = tf.stack([tf.cast(v, tf.int64) for v in _uniform_bounds(kwargs)])
+  args = (kind, dtype, geometry, tf.convert_to_tensor(pnum), key, int_range)
+  standard = _standard_compiled(*args) if _may_compile() else _standard(*args)
+  if dtype.is_integer:
+    return standard
+  if kind == "uniform":
+    minval, maxval = _uniform_bounds(kwargs)
+    return _affine(tf.cast(standard, dtype), minval, maxval - minval, dtype)
+  erf_bound = _ERF_SQRT2 if kind == "truncated_normal" else 1.0
+  normal = tf.cast((2.0 ** 0.5) * tf.math.erfinv(standard * erf_bound), dtype)
+  return _affine(normal, kwargs.get("mean", 0), kwargs.get("stddev", 1), dtype)
+
+
+def _uniform_bounds(kwargs: dict) -> tuple:
+  """(minval, maxval) with tf.random.uniform's defaults, 0 and 1."""
+  minval, maxval = kwargs.get("minval"), kwargs.get("maxval")
+  return (0 if minval is None else minval), (1 if maxval is None else maxval)
+
+
+def _affine(x, offset, scale, dtype):
+  """offset + scale * x, as TF's random functions compute it; identities (Python 0, 1) skipped."""
+  if not (isinstance(scale, (int, float)) and scale == 1):
+    x = x * tf.cast(scale, dtype)
+  if not (isinstance(offset, (int, float)) and offset == 0):
+    x = x + tf.cast(offset, dtype)
+  return x
+
+
+def _may_compile() -> bool:
+  """XLA calls run everywhere but inside a tf.compat.v1 (control flow v1) loop or cond."""
+  if tf.executing_eagerly():
+    return True
+  return tf.get_default_graph()._get_control_flow_context() is None  # pylint: disable=protected-access

@@ -1,0 +1,267 @@
+"""Random streams: fresh values at every evaluation, reproducible with a seed, equal under every layout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf2
+import tensorflow.compat.v1 as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mesh_tensorflow as mtf
+from tests.harness import (
+    MAX_EXAMPLES, MODES, cpu_devices, lower_and_evaluate, mesh_and_layout, session_config)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SIZES = {"a": 8, "b": 12, "c": 16}
+SHAPE = "a:8;b:12;c:16"
+
+
+def draws(mesh, shape=SHAPE) -> list:
+  """One of each kind of random tensor: uniform, normal, truncated normal, int, bfloat16, dropout."""
+  return [mtf.random_uniform(mesh, shape, minval=-2.0, maxval=3.0),
+          mtf.random_normal(mesh, shape, mean=1.0, stddev=2.0),
+          mtf.RandomOperation(
+              mesh, mtf.convert_to_shape(shape), tf.random.truncated_normal).outputs[0],
+          mtf.random_uniform(mesh, shape, minval=-5, maxval=7, dtype=tf.int32),
+          mtf.random_uniform(mesh, shape, dtype=tf.bfloat16),
+          mtf.dropout(mtf.ones(mesh, shape), rate=0.3)]
+
+
+def lower(mesh_shape="all:1", layout="", build=draws, random_position=None) -> list:
+  """Builds `build(mesh)` and lowers it in the current mode; returns the TF tensors."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  outputs = build(mesh)
+  mesh_shape = mtf.convert_to_shape(mesh_shape)
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, cpu_devices(mesh_shape.size))
+  lowering = mtf.Lowering(graph, {mesh: impl}, random_position=random_position)
+  return [lowering.export_to_tf_tensor(x) for x in outputs]
+
+
+def assert_all_differ(first: list, second: list) -> None:
+  for x, y in zip(first, second):
+    assert not np.array_equal(x, y)
+
+
+def assert_all_equal(first: list, second: list) -> None:
+  for x, y in zip(first, second):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_every_session_run_draws_fresh_values_and_the_sequence_repeats_with_the_seed():
+  def three_runs():
+    with tf.Graph().as_default():
+      tf.set_random_seed(7)
+      outputs = lower("r:2;c:4", "a:r;c:c")
+      with tf.Session(config=session_config()) as session:
+        return [session.run(outputs) for _ in range(3)]
+  first = three_runs()
+  assert_all_differ(first[0], first[1])
+  assert_all_differ(first[1], first[2])
+  for run_a, run_b in zip(first, three_runs()):  # a new session of the same program
+    assert_all_equal(run_a, run_b)
+
+
+def test_the_counter_needs_no_initialiser_and_is_saved_with_the_variables(tmp_path):
+  with tf.Graph().as_default():
+    tf.set_random_seed(1)
+    (u,) = lower(build=lambda mesh: [mtf.random_uniform(mesh, SHAPE)])
+    counter = tf.get_collection("mtf_random_counter")[0]
+    assert counter in tf.global_variables() and counter not in tf.trainable_variables()
+    saver = tf.train.Saver()
+    with tf.Session() as session:  # no initialiser run: the first use starts the counter at 0
+      values = [session.run(u) for _ in range(3)]
+      saver.save(session, str(tmp_path / "ckpt"))
+      fourth = session.run(u)
+    with tf.Session() as session:
+      saver.restore(session, str(tmp_path / "ckpt"))
+      np.testing.assert_array_equal(session.run(u), fourth)  # the sequence continues where it was
+    with tf.Session() as session:
+      session.run(tf.global_variables_initializer())
+      np.testing.assert_array_equal(session.run(u), values[0])
+  assert len({v.tobytes() for v in values}) == 3
+
+
+def test_eager_lowerings_draw_fresh_values_and_set_seed_restarts_the_sequence():
+  tf2.random.set_seed(11)
+  first, second = lower(), lower()
+  assert_all_differ(first, second)
+  tf2.random.set_seed(11)
+  assert_all_equal(lower(), first)
+  tf2.random.set_seed(12)
+  assert_all_differ(lower(), first)
+
+
+def test_a_tf_function_draws_fresh_values_at_every_call():
+  tf2.random.set_seed(3)
+  step = tf2.function(lambda: lower("all:4", "b:all"))
+  first, second, third = step(), step(), step()
+  assert_all_differ(first, second)
+  assert_all_differ(second, third)
+
+
+def test_two_random_ops_of_one_shape_draw_differently():
+  def build(mesh):
+    return [mtf.random_uniform(mesh, SHAPE), mtf.random_uniform(mesh, SHAPE)]
+  first, second = lower_and_evaluate(build, "all:2", "a:all")
+  assert not np.array_equal(first, second)
+
+
+@pytest.fixture(params=["v2", "v1"])
+def control_flow(request):
+  """Loops built as TF2's functional While, then as tf.compat.v1's WhileContext (as TPU loops are)."""
+  from tensorflow.python.ops import control_flow_util
+  enabled = control_flow_util.ENABLE_CONTROL_FLOW_V2
+  control_flow_util.ENABLE_CONTROL_FLOW_V2 = request.param == "v2"
+  yield request.param
+  control_flow_util.ENABLE_CONTROL_FLOW_V2 = enabled
+
+
+ITERATIONS = 4
+
+
+def loop_draws(mesh) -> list:
+  """A while_loop whose body draws a row of noise per iteration, written into row i of `rows`."""
+  rows_dim, c = mtf.Dimension("rows", ITERATIONS), mtf.Dimension("c", 16)
+
+  def body(i, rows):
+    noise = mtf.random_uniform(mesh, [c])
+    return i + 1, rows + mtf.one_hot(i, rows_dim, dtype=tf.float32) * noise
+  _, rows = mtf.while_loop(lambda i, rows: mtf.less(i, ITERATIONS), body,
+                           [mtf.constant(mesh, 0, dtype=tf.int32), mtf.zeros(mesh, [rows_dim, c])])
+  return [rows]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_while_loop_iterations_draw_fresh_values_under_every_layout(mode, control_flow):
+  del control_flow
+  rows = [lower_and_evaluate(loop_draws, mesh_shape, layout, mode)[0]
+          for mesh_shape, layout in [("all:1", ""), ("all:4", "c:all"), ("r:2;s:2", "c:s")]]
+  assert len({row.tobytes() for row in rows[0]}) == ITERATIONS
+  for other in rows[1:]:
+    np.testing.assert_array_equal(other, rows[0])
+
+
+@st.composite
+def shapes_meshes_layouts(draw):
+  sizes = {name: draw(st.sampled_from([1, 2, 4, 8])) * 2 for name in "abc"}
+  mesh_shape, layout = draw(mesh_and_layout(sizes))
+  return sizes, mesh_shape, layout, draw(st.sampled_from(MODES))
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None)
+@given(shapes_meshes_layouts())
+def test_values_are_the_same_on_one_device_and_under_any_mesh_and_layout(case):
+  sizes, mesh_shape, layout, mode = case
+  shape = ";".join(f"{name}:{size}" for name, size in sizes.items())
+  build = lambda mesh: draws(mesh, shape)  # noqa: E731
+  expected = lower_and_evaluate(build, "all:1", "", mode, seed=5)
+  actual = lower_and_evaluate(build, mesh_shape, layout, mode, seed=5)
+  assert_all_equal(actual, expected)
+
+
+@pytest.mark.parametrize("backend", ["collective", "collective_tf_ops", "placement_unshared"])
+def test_other_backends_draw_the_placement_backends_values(backend):
+  expected = lower_and_evaluate(draws, "r:2;c:4", "a:r;c:c", "graph", seed=2)
+  assert_all_equal(lower_and_evaluate(draws, "r:2;c:4", "a:r;c:c", "graph", seed=2, backend=backend),
+                   expected)
+
+
+def test_dropout_keeps_each_element_with_probability_keep_prob_independently():
+  """2^18 elements, keep_prob 0.9: the kept fraction is within 5 standard deviations (0.003) of
+  0.9, neighbours and the masks of two steps agree as independent draws would (p^2 + (1-p)^2)."""
+  keep_prob, n = 0.9, 2 ** 18
+  with tf.Graph().as_default():
+    tf.set_random_seed(4)
+    (y,) = lower("r:2;c:4", "a:r;b:c",
+                 build=lambda mesh: [mtf.dropout(mtf.ones(mesh, "a:64;b:64;c:64"), keep_prob=keep_prob)])
+    with tf.Session(config=session_config()) as session:
+      first, second = session.run(y), session.run(y)
+  assert set(np.unique(first)) == {0.0, np.float32(1.0 / keep_prob)}
+  kept, kept_next = first != 0, second != 0
+  tolerance = 5 * np.sqrt(keep_prob * (1 - keep_prob) / n)
+  assert abs(kept.mean() - keep_prob) < tolerance
+  agree = keep_prob ** 2 + (1 - keep_prob) ** 2
+  assert abs((kept == kept_next).mean() - agree) < 5 * np.sqrt(agree * (1 - agree) / n)
+  assert abs((kept[..., 1:] == kept[..., :-1]).mean() - agree) < 5 * np.sqrt(agree * (1 - agree) / n)
+  assert abs((kept[1:] == kept[:-1]).mean() - agree) < 5 * np.sqrt(agree * (1 - agree) / n)
+
+
+def test_uniform_and_normal_values_follow_their_distributions():
+  with tf.Graph().as_default():
+    tf.set_random_seed(9)
+    uniform, normal, truncated, ints, halves, _ = lower("all:8", "c:all", build=lambda mesh: draws(
+        mesh, "a:64;b:64;c:64"))
+    with tf.Session(config=session_config()) as session:
+      uniform, normal, truncated, ints, halves = session.run([uniform, normal, truncated, ints, halves])
+  assert -2.0 <= uniform.min() and uniform.max() < 3.0 and abs(uniform.mean() - 0.5) < 0.01
+  assert abs(normal.mean() - 1.0) < 0.02 and abs(normal.std() - 2.0) < 0.02
+  assert np.abs(truncated).max() < 2.0 and abs(truncated.std() - 0.8796) < 0.01
+  assert ints.min() == -5 and ints.max() == 6 and abs(ints.mean() - 0.5) < 0.05
+  assert halves.dtype.name == "bfloat16" and 0.0 <= halves.astype(np.float32).min()
+  assert halves.astype(np.float32).max() < 1.0
+
+
+def test_recompute_grad_sees_the_dropout_mask_of_the_forward_pass():
+  x_value = np.random.RandomState(0).uniform(1.0, 2.0, size=(8, 12, 16)).astype(np.float32)
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(x_value), SHAPE)
+    y = mtf.recompute_grad(lambda x: mtf.dropout(x * 3.0, rate=0.5), [x])
+    return [y, mtf.gradients([mtf.reduce_sum(y)], [x])[0]]
+  for mode in MODES:
+    y, dx = lower_and_evaluate(build, "r:2;c:4", "a:r;c:c", mode)
+    np.testing.assert_allclose(dx, np.where(y != 0, 6.0, 0.0), rtol=1e-6)
+
+
+def test_the_dry_run_counts_no_communication_for_random_ops():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  draws(mesh)
+  result = mtf.dry_run(graph, "r:2;c:4", "a:r;c:c")
+  assert not result.events and result.bytes_sent == 0
+
+
+_PROCESS_SCRIPT = """
+import json, sys
+import tensorflow.compat.v1 as tf
+import mesh_tensorflow as mtf
+from tests.harness import BACKENDS, session_config
+from tests.ops.test_random_streams import draws
+backend, seed = sys.argv[1], sys.argv[2]
+with tf.Graph().as_default():
+  if seed != "none":
+    tf.set_random_seed(int(seed))
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  outputs = draws(mesh)
+  impl = BACKENDS[backend]("r:2;c:4", "a:r;c:c", ["cpu:%d" % i for i in range(8)])
+  lowering = mtf.Lowering(graph, {mesh: impl})
+  tensors = [tf.cast(lowering.export_to_tf_tensor(x), tf.float64) for x in outputs]
+  with tf.Session(config=session_config()) as session:
+    print(json.dumps([[v.tolist() for v in session.run(tensors)] for _ in range(3)]))
+"""
+
+
+def run_in_fresh_process(backend: str, seed: str, hash_seed: str) -> list:
+  env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  done = subprocess.run([sys.executable, "-c", _PROCESS_SCRIPT, backend, seed], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("backend", ["placement", "collective"])
+def test_processes_with_one_seed_draw_the_same_three_runs_and_without_a_seed_differ(backend):
+  first = run_in_fresh_process(backend, "21", hash_seed="1")
+  assert first == run_in_fresh_process(backend, "21", hash_seed="2")
+  assert first[0] != first[1] != first[2]
+  unseeded = run_in_fresh_process(backend, "none", hash_seed="1")
+  assert unseeded[0][0] != run_in_fresh_process(backend, "none", hash_seed="1")[0][0]
