@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -160,7 +161,7 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_latest_and_intact(t
   result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   assert result.returncode == -9, result.stderr[-2000:]
-  assert any(f.startswith(".tmp-model.ckpt-2") for f in os.listdir(tmp_path))  # the save had begun
+  assert any(re.match(r"\.tmp-\d+-model\.ckpt-2\.", f) for f in os.listdir(tmp_path))  # the save had begun
   latest = checkpoints.latest_checkpoint(str(tmp_path))
   assert latest == str(tmp_path / "model.ckpt-1")
   assert tf.train.load_checkpoint(latest).get_tensor("global_step") == 1

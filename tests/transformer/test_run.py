@@ -14,18 +14,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer._train import checkpoints, decode, model_fn, progress
 from tests.transformer import tiny_run
-
-
-@pytest.fixture
-def corpus(tmp_path):
-  yield tiny_run.write_corpus(str(tmp_path))
-  gin.clear_config()
-  utils.FLAGS.unparse_flags()
-
-
-def run(model_dir, mode, **kwargs):
-  return utils.run(tpu_job_name=None, tpu=None, gcp_project=None, tpu_zone=None, model_dir=str(model_dir),
-                   mode=mode, **kwargs)
+from tests.transformer.tiny_run import run
 
 
 def test_train_then_perplexity_eval_then_infer_then_score_and_export(tmp_path, corpus, capsys):

@@ -66,3 +66,9 @@ def main_command(model_dir: str, corpus_glob: str, extra_bindings=()) -> list:
   return ([sys.executable, "-m", "mesh_tensorflow.transformer.main", f"--model_dir={model_dir}"]
           + [f"--gin_file={f}" for f in files]
           + [f"--gin_param={b}" for b in list(bindings) + list(extra_bindings)])
+
+
+def run(model_dir, mode: str, **kwargs):
+  """utils.run in `mode` on model_dir, with no TPU, under the gin configuration parsed before."""
+  return utils.run(tpu_job_name=None, tpu=None, gcp_project=None, tpu_zone=None, model_dir=str(model_dir),
+                   mode=mode, **kwargs)

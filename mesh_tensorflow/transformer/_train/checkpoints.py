@@ -6,7 +6,7 @@ over the global variables: whole master variables, or slices saved as parts of w
 each variable whole, so `tf.train.load_checkpoint` reads it and a checkpoint written under one mesh
 restores under any other. A save is atomic:
 
-1. the Saver writes to `model_dir/.tmp-model.ckpt-<step>.*` (never listed as a checkpoint);
+1. the Saver writes to `model_dir/.tmp-<pid>-model.ckpt-<step>.*` (never listed as a checkpoint);
 2. the data files, then the index, are renamed to their final names (`os.replace` is atomic);
 3. the `checkpoint` state file is rewritten through a temporary file and `os.replace`.
 
@@ -72,6 +72,23 @@ def latest_checkpoint(model_dir: str) -> Optional[str]:
   return complete[-1] if complete else None
 
 
+def skipped_checkpoints(model_dir: str) -> list:
+  """A message per checkpoint of model_dir that is skipped because its files are incomplete.
+
+  A checkpoint counts once its index exists; data files without one (a copy cut short, a save
+  from before atomic saves) are not one.
+  """
+  if not tf.io.gfile.exists(model_dir):
+    return []
+  complete = set(list_checkpoints(model_dir))
+  partial = {re.sub(r"\.data-\d+-of-\d+$", "", p)
+             for p in tf.io.gfile.glob(os.path.join(model_dir, CHECKPOINT_PREFIX + "-*.data-*"))}
+  latest = latest_checkpoint(model_dir)
+  return [f"Skipping {p}: its data files have no {os.path.basename(p)}.index, so it is incomplete; "
+          f"{'using ' + latest if latest else 'no complete checkpoint is left'}."
+          for p in sorted(partial - complete, key=get_step_from_checkpoint_path)]
+
+
 def remove_partial_saves(model_dir: str) -> list:
   """Deletes temporary files left by a save that was interrupted; returns their paths."""
   leftovers = glob.glob(os.path.join(model_dir, _TMP_PREFIX + "*"))
@@ -104,23 +121,51 @@ def _check_shape(path: str, checkpoint_shapes: dict, checkpoint_name: str, model
         f"model: use another model_dir, or the gin configuration that wrote it.")
 
 
-def check_checkpoint_matches(path: str, variables: Sequence) -> None:
-  """Checks that checkpoint `path` holds each variable under its name, with its shape.
+# Checkpoint entries that are no model variable: the step, and the random counter of graphs that
+# draw random numbers (a graph without random ops has none).
+_BOOKKEEPING = ("global_step", random_stream.COUNTER_NAME)
+# What optimizers append to a variable's name for its slots (Adafactor, Adam, momentum).
+_SLOT_SEPARATORS = ("_slot_", "/adam_", "_momentum")
 
-  Raises CheckpointMismatchError naming the variable and both shapes on a shape mismatch, or
-  naming the variables the checkpoint lacks.
+
+class CheckpointCorruptError(ValueError):
+  """A checkpoint's files cannot be read (truncated or missing data)."""
+
+
+def check_checkpoint_matches(path: str, variables: Sequence,
+                             optimizer_state_may_be_extra: bool = False) -> None:
+  """Checks that checkpoint `path` holds exactly `variables`, under their names, with their shapes.
+
+  Raises CheckpointMismatchError naming the variable and both shapes on a shape mismatch, or naming
+  the variables only one side has (a checkpoint of a deeper model is refused as much as one of a
+  shallower model). optimizer_state_may_be_extra: the checkpoint may also hold the optimizer's
+  slots of the variables (restoring a training checkpoint into an eval or infer graph).
   """
   shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
   saved = _saved_variables(variables)
-  missing = [name for name in saved if name not in shapes and not _may_be_absent(saved[name][1])]
   for name, (shape, _) in saved.items():
     if name in shapes:
       _check_shape(path, shapes, name, name, shape)
-  if missing:
+  missing = [name for name in saved if name not in shapes and not _may_be_absent(saved[name][1])]
+  extra = sorted(name for name in shapes if name not in saved and name not in _BOOKKEEPING
+                 and not (optimizer_state_may_be_extra and _is_slot_of_any(name, saved)))
+  if missing or extra:
+    sides = []
+    if missing:
+      sides.append(f"lacks {len(missing)} of the model's variables, e.g. {sorted(missing)[:3]}")
+    if extra:
+      sides.append(f"holds {len(extra)} variables the model does not have, e.g. {extra[:3]}")
+    model_names = sorted(name for name in saved if name not in _BOOKKEEPING)
     raise CheckpointMismatchError(
-        f"Checkpoint {path} lacks {len(missing)} of the model's variables, e.g. {missing[:3]}. It was "
-        f"written by a different model: use another model_dir, or pass it as init_checkpoint to "
-        f"load only the variables it has.")
+        f"Checkpoint {path} {' and '.join(sides)} (the model has {len(model_names)} variables, e.g. "
+        f"{model_names[:3]}). It was written by a different model (another depth or width?): use the "
+        f"gin configuration that wrote it, another model_dir, or pass it as init_checkpoint to load "
+        f"only the variables both have.")
+
+
+def _is_slot_of_any(name: str, model_names) -> bool:
+  """Whether `name` is an optimizer slot of one of model_names (a name plus a slot suffix)."""
+  return any(separator in name and name.split(separator)[0] in model_names for separator in _SLOT_SEPARATORS)
 
 
 def _may_be_absent(variables: Sequence) -> bool:
@@ -128,22 +173,31 @@ def _may_be_absent(variables: Sequence) -> bool:
   return all(random_stream.is_counter(v) for v in variables)
 
 
-def restore_checkpoint(session, path: str, variables: Sequence, saver=None) -> None:
-  """Restores `variables` from checkpoint `path` after checking names and shapes.
+def restore_checkpoint(session, path: str, variables: Sequence, saver=None,
+                       optimizer_state_may_be_extra: bool = False) -> None:
+  """Restores `variables` from checkpoint `path` after checking names and shapes both ways.
 
   A random counter the checkpoint lacks keeps its value (the stream starts over). `saver`: a
-  Saver over exactly `variables`, used when the checkpoint holds them all.
+  Saver over exactly `variables`, used when the checkpoint holds them all. Files that cannot be
+  read raise CheckpointCorruptError naming them.
   """
-  check_checkpoint_matches(path, variables)
+  check_checkpoint_matches(path, variables, optimizer_state_may_be_extra)
   names = tf.train.load_checkpoint(path).get_variable_to_shape_map()
   present = [v for name, (_, saved) in _saved_variables(variables).items() if name in names for v in saved]
   if saver is None or len(present) < len(variables):
     saver = tf.train.Saver(present)
-  saver.restore(session, path)
+  try:
+    saver.restore(session, path)
+  except (tf.errors.DataLossError, tf.errors.NotFoundError, tf.errors.OutOfRangeError) as e:
+    files = sorted(tf.io.gfile.glob(path + ".*"))
+    raise CheckpointCorruptError(
+        f"Checkpoint {path} cannot be read: {e.message.splitlines()[0]}. Its files: {files}. Restore "
+        f"them from a backup, or delete them (the run then resumes from the checkpoint before).") from None
 
 
 def _write_atomically(path: str, text: str) -> None:
-  tmp = os.path.join(os.path.dirname(path), _TMP_PREFIX + os.path.basename(path))
+  """Writes through a temporary file of this process's own, then renames it into place."""
+  tmp = os.path.join(os.path.dirname(path), f"{_TMP_PREFIX}{os.getpid()}-{os.path.basename(path)}")
   with open(tmp, "w") as f:
     f.write(text)
     f.flush()
@@ -177,6 +231,9 @@ class CheckpointManager:
 
   def __init__(self, model_dir: str, variables: Sequence, keep_checkpoint_max: Optional[int] = None,
                before_save=None):
+    if keep_checkpoint_max is not None and keep_checkpoint_max < 0:
+      raise ValueError(f"keep_checkpoint_max = {keep_checkpoint_max}: expected None or 0 (keep all) or a "
+                       f"positive count.")
     self._model_dir = model_dir
     self._variables = list(variables)
     self._keep = keep_checkpoint_max or None
@@ -189,13 +246,14 @@ class CheckpointManager:
     if self._before_save is not None:
       session.run(self._before_save)
     final = checkpoint_path(self._model_dir, step)
-    tmp = os.path.join(self._model_dir, _TMP_PREFIX + os.path.basename(final))
+    tmp = os.path.join(self._model_dir, f"{_TMP_PREFIX}{os.getpid()}-{os.path.basename(final)}")
     self._saver.save(session, tmp, write_meta_graph=False, write_state=False)
     _crash_if_requested(step)
     data_files = sorted(glob.glob(glob.escape(tmp) + ".data-*"))
     for data in data_files:  # the index last: a checkpoint counts as complete once its index exists
       os.replace(data, final + data[len(tmp):])
     os.replace(tmp + ".index", final + ".index")
+    check_checkpoint_matches(final, self._variables)  # it restores: only now may older ones go
     kept = [p for p in list_checkpoints(self._model_dir) if get_step_from_checkpoint_path(p) != step]
     kept.append(final)
     if self._keep:

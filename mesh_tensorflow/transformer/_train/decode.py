@@ -71,6 +71,9 @@ def decode_from_file(runner: loop.ModelRunner, inputs_vocabulary, targets_vocabu
   """Decodes each line of input_filename (`repeats` times) into `output_filename-<step>`."""
   with tf.io.gfile.GFile(input_filename) as f:
     texts = [line.rstrip("\n") for line in f]
+  if not texts:
+    raise ValueError(f"{input_filename} (utils.decode_from_file.input_filename) has no lines to decode: "
+                     f"write one input per line.")
   texts = [t for t in texts for _ in range(repeats)]
   decodes = decode_strings(runner, inputs_vocabulary, targets_vocabulary, texts, checkpoint,
                            append_eos=not model_fn.is_unitransformer(runner.model))

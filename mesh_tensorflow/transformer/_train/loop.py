@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import gin
 import tensorflow.compat.v1 as tf
 
-from mesh_tensorflow.transformer._train import checkpoints, inputs, model_fn, progress
+from mesh_tensorflow.transformer._train import checkpoints, guards, inputs, model_fn, progress
 from mesh_tensorflow.transformer._utils import checkpoint_selection
 
 # The default graph-level seed (utils.run.random_seed): initial weights, dropout masks and
@@ -68,7 +68,8 @@ def initialize_and_restore(session, lowering, checkpoint: Optional[str], manager
     if manager is not None:
       manager.restore(session, checkpoint)
     else:
-      checkpoints.restore_checkpoint(session, checkpoint, _model_variables())
+      checkpoints.restore_checkpoint(session, checkpoint, _model_variables(),
+                                     optimizer_state_may_be_extra=True)
   elif init_checkpoint:
     found = checkpoints.restore_available(
         session, init_checkpoint, _model_variables(),
@@ -94,14 +95,51 @@ def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: TrainConfig,
   dataset_fn() builds the (unbatched, finite or not) training dataset inside the training graph.
   """
   started = time.time()
-  tf.io.gfile.makedirs(config.model_dir)
-  for leftover in checkpoints.remove_partial_saves(config.model_dir):
-    print_fn(f"Removed {leftover}, left by an interrupted checkpoint save.")
-  latest = checkpoints.latest_checkpoint(config.model_dir)
+  with guarded_model_dir(config.model_dir, print_fn) as (latest, stop):
+    return _train(model, dataset_fn, config, variable_dtype, print_fn, started, latest, stop)
+
+
+@contextlib.contextmanager
+def guarded_model_dir(model_dir: str, print_fn: Callable = print):
+  """Yields (latest checkpoint or None, StopRequest) for a training run of model_dir.
+
+  Holds model_dir's lock (a second run is refused), removes what interrupted saves left, says
+  which incomplete checkpoints are skipped; SIGTERM / SIGINT meanwhile only set the StopRequest
+  (the loop saves a checkpoint and stops), and take their usual effect afterwards.
+  """
+  tf.io.gfile.makedirs(model_dir)
+  with guards.model_dir_lock(model_dir), guards.stop_requests() as stop:
+    for leftover in checkpoints.remove_partial_saves(model_dir):
+      print_fn(f"Removed {leftover}, left by an interrupted checkpoint save.")
+    for message in checkpoints.skipped_checkpoints(model_dir):
+      print_fn(message)
+    yield checkpoints.latest_checkpoint(model_dir), stop
+  if stop.signum is not None:
+    stop.resend()
+
+
+def nothing_to_train(latest: Optional[str], config: TrainConfig, print_fn: Callable) -> Optional[dict]:
+  """train's result when the latest checkpoint is already at train_steps, else None."""
+  step = checkpoint_step(latest) if latest else 0
+  if step < config.train_steps:
+    return None
+  print_fn(f"{latest} is at step {step} >= train_steps {config.train_steps}: nothing to train.")
+  return {"step": step, "loss": None, "first_step_seconds": None}
+
+
+def report_stop(stop: guards.StopRequest, step: int, start_step: int, latest: Optional[str],
+                print_fn: Callable) -> None:
+  """Says which signal stopped the run, and what it saved."""
+  saved = f"saved {latest}" if step > start_step else f"no step trained, the latest checkpoint is {latest}"
+  print_fn(f"Stopped by {stop.name} at step {step}: {saved}. Run the same command again to resume.")
+
+
+def _train(model, dataset_fn, config: TrainConfig, variable_dtype, print_fn, started, latest,
+           stop: guards.StopRequest) -> dict:
+  done = nothing_to_train(latest, config, print_fn)
+  if done:
+    return done
   start_step = checkpoint_step(latest) if latest else 0
-  if start_step >= config.train_steps:
-    print_fn(f"{latest} is at step {start_step} >= train_steps {config.train_steps}: nothing to train.")
-    return {"step": start_step, "loss": None, "first_step_seconds": None}
   if latest:
     print_fn(f"Resuming from {latest} at step {start_step}.")
   with tf.Graph().as_default():
@@ -120,12 +158,12 @@ def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: TrainConfig,
                                             before_save=built.lowering.copy_slices_to_masters())
     fetches = [built.train_op, built.outputs["loss"], built.outputs["learning_rate"],
                built.outputs["tokens"]]
-    writer = progress.summary_writer(config.model_dir)
     with tf.Session(config=model_fn.session_config(config.mesh_devices)) as session:
       initialize_and_restore(session, built.lowering, latest, manager, config.init_checkpoint, print_fn)
+      writer = progress.summary_writer(config.model_dir)  # only once the checkpoint restored
       reporter = progress.ProgressReporter(writer, start_step, config.train_steps, print_fn)
       step, loss, first_step_seconds = start_step, None, None
-      while step < config.train_steps:
+      while step < config.train_steps and stop.signum is None:
         _, loss, learning_rate, tokens = session.run(fetches)
         step += 1
         if first_step_seconds is None:
@@ -136,10 +174,13 @@ def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: TrainConfig,
         reporter.add_tokens(tokens)
         if step % config.iterations_per_loop == 0 or step == config.train_steps:
           reporter.report(step, float(loss), float(learning_rate))
-        if step % config.save_checkpoints_steps == 0 or step == config.train_steps:
-          manager.save(session, step)
+        if step % config.save_checkpoints_steps == 0 or step == config.train_steps or stop.signum:
+          latest = manager.save(session, step)
+      if stop.signum is not None:
+        report_stop(stop, step, start_step, latest, print_fn)
     writer.close()
-  return {"step": step, "loss": float(loss), "first_step_seconds": first_step_seconds}
+  return {"step": step, "loss": None if loss is None else float(loss),
+          "first_step_seconds": first_step_seconds}
 
 
 def _write_operative_config(model_dir: str) -> None:

@@ -170,6 +170,11 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
     if mode == "train":
       mtf_outputs["loss"] = loss
       trained = [v for v in graph.trainable_variables if variable_filter is None or variable_filter(v.name)]
+      if not trained:
+        names = sorted(v.name for v in graph.trainable_variables)
+        raise ValueError(f"utils.run.variable_filter {variable_filter!r} matches none of the model's "
+                         f"{len(names)} trainable variables (e.g. {names[:3]}): nothing would train. Fix the "
+                         f"pattern (it is searched in each variable name) or drop the binding.")
       grads = mtf.gradients([loss], [v.outputs[0] for v in trained])
       kwargs = {} if learning_rate is None else {"learning_rate": learning_rate}
       update_ops = optimizer(**kwargs).apply_grads(grads, trained)

@@ -18,7 +18,7 @@ import tensorflow.compat.v1 as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import dataset as dataset_lib, learning_rate_schedules
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
-from mesh_tensorflow.transformer._train import checkpoints, decode, export, inputs, loop, model_fn
+from mesh_tensorflow.transformer._train import arguments, checkpoints, decode, export, inputs, loop, model_fn
 from mesh_tensorflow.transformer._train import eval as eval_lib
 from mesh_tensorflow.transformer._train import tpu as tpu_lib
 from mesh_tensorflow.transformer._utils import GIN_MODULE
@@ -48,6 +48,10 @@ def train_model(config: loop.TrainConfig, model, vocabulary, sequence_length: di
     raise ValueError("mode 'train' needs utils.run.train_dataset_fn.")
   dataset_fn = functools.partial(train_dataset_fn, sequence_length=sequence_length, vocabulary=vocabulary,
                                  dataset_split=dataset_split)
+  vocab_sizes = {"targets": vocabulary_lib.targets_vocabulary(vocabulary).vocab_size}
+  if not model_fn.is_unitransformer(model):
+    vocab_sizes["inputs"] = vocabulary_lib.inputs_vocabulary(vocabulary).vocab_size
+  inputs.check_training_dataset(dataset_fn, config.batch_size, sequence_length, vocab_sizes)
   return trainer(model, dataset_fn, config, variable_dtype, print_fn)
 
 
@@ -147,10 +151,22 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
   builds. Initial weights, dropout masks and sampling noise follow it, so two runs (and a run
   resumed from a checkpoint) draw the same values under every layout; None draws differently
   in each run.
+
+  Every argument is checked before anything is built (RunArgumentError names the binding and
+  what it must be); `predict_fn`, `ensemble_inputs` and `output_eval_examples` are not implemented
+  and must keep their defaults.
   """
-  del predict_fn, ensemble_inputs, output_eval_examples
   del skip_seen_data, checkpoint_input_pipeline  # the data position always resumes (see above)
   check_mode(mode, dataset_split)
+  arguments.check_run_arguments(
+      model_dir=model_dir, train_steps=train_steps, total_run_steps=total_run_steps,
+      iterations_per_loop=iterations_per_loop, save_checkpoints_steps=save_checkpoints_steps,
+      keep_checkpoint_max=keep_checkpoint_max, perplexity_eval_steps=perplexity_eval_steps,
+      seen_data_init_step=seen_data_init_step, batch_size=batch_size, sequence_length=sequence_length,
+      eval_checkpoint_step=eval_checkpoint_step, export_checkpoint_step=export_checkpoint_step,
+      autostack=autostack, random_seed=random_seed)
+  arguments.check_not_implemented(predict_fn=predict_fn, ensemble_inputs=ensemble_inputs,
+                                  output_eval_examples=output_eval_examples)
   trainer = loop.train
   if tpu:
     if mode != "train":
@@ -164,7 +180,9 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
     sequence_length = {"inputs": sequence_length or 512, "targets": sequence_length or 512}
   mesh_shape, layout_rules = mtf.convert_to_shape(mesh_shape), mtf.convert_to_layout_rules(layout_rules)
   mesh_devices = model_fn.mesh_devices_or_default(mesh_shape, mesh_devices)
-  batch_size = _resolve_batch_size(batch_size, sequence_length, mesh_shape, layout_rules)
+  requested_batch_size, batch_size = batch_size, _resolve_batch_size(batch_size, sequence_length, mesh_shape,
+                                                                     layout_rules)
+  arguments.check_batch_size(batch_size, requested_batch_size, sequence_length)
   if callable(train_steps):
     train_steps = train_steps(batch_size, sequence_length)
   if isinstance(learning_rate_schedule, list):
@@ -173,6 +191,7 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
   if callable(learning_rate_schedule):
     learning_rate_schedule = functools.partial(learning_rate_schedule,
                                                total_train_steps=total_run_steps or train_steps)
+  arguments.check_vocabulary(vocabulary)
   model = build_model(model_type=model_type,
                       input_vocab_size=vocabulary_lib.inputs_vocabulary(vocabulary).vocab_size,
                       output_vocab_size=vocabulary_lib.targets_vocabulary(vocabulary).vocab_size,
@@ -197,6 +216,11 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
   if mode in ("export", "export_infer", "export_score"):
     path = (checkpoints.latest_checkpoint(model_dir) if export_checkpoint_step is None
             else checkpoints.checkpoint_path(model_dir, export_checkpoint_step))
+    if path is None or not tf.io.gfile.exists(path + ".index"):
+      saved = [checkpoints.get_step_from_checkpoint_path(p) for p in checkpoints.list_checkpoints(model_dir)]
+      raise ValueError(f"No checkpoint to export in {model_dir} (utils.run.export_checkpoint_step = "
+                       f"{export_checkpoint_step!r}; saved steps: {saved}): train first, or pick a "
+                       f"saved step.")
     return export.export_model(runner, vocabulary, path, export_path or os.path.join(model_dir, "export"),
                                score=(mode == "export_score"))
   paths = _checkpoints_to_evaluate(eval_checkpoint_step, model_dir)
@@ -224,5 +248,17 @@ def _variable_filter(variable_filter) -> Optional[Callable]:
   """A predicate on variable names from a regex string (upstream's form) or a callable."""
   if variable_filter is None or callable(variable_filter):
     return variable_filter
-  pattern = re.compile(variable_filter)
-  return lambda name: bool(pattern.search(name))
+  return _NameFilter(variable_filter)
+
+
+class _NameFilter:
+  """Whether a regex is found in a variable name; shows as the regex in messages."""
+
+  def __init__(self, pattern: str):
+    self._pattern = re.compile(pattern)
+
+  def __call__(self, name: str) -> bool:
+    return bool(self._pattern.search(name))
+
+  def __repr__(self) -> str:
+    return repr(self._pattern.pattern)

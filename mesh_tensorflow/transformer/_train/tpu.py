@@ -330,14 +330,15 @@ def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: loop.TrainCo
   Same arguments as `loop.train`, plus the connected TPU and an optional HierarchicalTiling spec.
   """
   started = time.time()
-  tf.io.gfile.makedirs(config.model_dir)
-  for leftover in checkpoints.remove_partial_saves(config.model_dir):
-    print_fn(f"Removed {leftover}, left by an interrupted checkpoint save.")
-  latest = checkpoints.latest_checkpoint(config.model_dir)
+  with loop.guarded_model_dir(config.model_dir, print_fn) as (latest, stop):
+    done = loop.nothing_to_train(latest, config, print_fn)
+    return done or _train(model, dataset_fn, config, variable_dtype, print_fn, cluster,
+                          hierarchical_tiling_spec, started, latest, stop)
+
+
+def _train(model, dataset_fn, config, variable_dtype, print_fn, cluster, hierarchical_tiling_spec, started,
+           latest, stop) -> dict:
   start_step = loop.checkpoint_step(latest) if latest else 0
-  if start_step >= config.train_steps:
-    print_fn(f"{latest} is at step {start_step} >= train_steps {config.train_steps}: nothing to train.")
-    return {"step": start_step, "loss": None, "first_step_seconds": None}
   topology = query_topology(cluster)
   device_assignment, logical_to_physical = assign_devices(topology, config.mesh_shape,
                                                           hierarchical_tiling_spec)
@@ -348,7 +349,6 @@ def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: loop.TrainCo
     manager = checkpoints.CheckpointManager(config.model_dir, tf.global_variables(),
                                             config.keep_checkpoint_max,
                                             before_save=graph.lowering.copy_slices_to_masters())
-    writer = progress.summary_writer(config.model_dir)
     session_config = tf.ConfigProto(cluster_def=cluster.cluster_def, allow_soft_placement=True,
                                     isolate_session_state=True)
     with tf.Session(cluster.master, config=session_config) as session:
@@ -356,10 +356,16 @@ def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: loop.TrainCo
       if latest:
         print_fn(f"Resuming from {latest} at step {start_step}.")
       loop.initialize_and_restore(session, graph.lowering, latest, manager, config.init_checkpoint, print_fn)
+      writer = progress.summary_writer(config.model_dir)  # only once the checkpoint restored
       reporter = progress.ProgressReporter(writer, start_step, config.train_steps, print_fn)
-      step, loss, first_step_seconds = start_step, None, None
+      step, saved_step, loss, first_step_seconds = start_step, start_step, None, None
       for num_steps in loop_lengths(start_step, config.train_steps, config.iterations_per_loop,
                                     config.save_checkpoints_steps):
+        if stop.signum is not None:
+          if step > saved_step:
+            latest = manager.save(session, step)
+          loop.report_stop(stop, step, start_step, latest, print_fn)
+          break
         loss, learning_rate, tokens = _run_loop(session, graph, num_steps)
         step += num_steps
         # Each replica incremented its copy of the global step; the host's is set explicitly so
@@ -373,7 +379,8 @@ def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: loop.TrainCo
         if step % config.iterations_per_loop == 0 or step == config.train_steps:
           reporter.report(step, float(loss), float(learning_rate))
         if step % config.save_checkpoints_steps == 0 or step == config.train_steps:
-          manager.save(session, step)
+          latest, saved_step = manager.save(session, step), step
       session.run(tf.tpu.shutdown_system(job=cluster.job))
     writer.close()
-  return {"step": step, "loss": float(loss), "first_step_seconds": first_step_seconds}
+  return {"step": step, "loss": None if loss is None else float(loss),
+          "first_step_seconds": first_step_seconds}

@@ -21,16 +21,24 @@ POLL_SECONDS = 30.0
 
 
 def _closest(paths: Sequence[str], step: int, find_closest: bool, model_dir: str) -> str:
+  """The checkpoint of `step`, or (find_closest) the closest one, said out loud."""
   steps = [get_step_from_checkpoint_path(p) for p in paths]
   if not paths or (not find_closest and step not in steps):
     raise ValueError(f"no checkpoint model.ckpt-{step} in {model_dir!r}; its checkpoint steps are {steps}"
                      + ("" if find_closest else " (find_closest=False wants an exact step)"))
-  return min(zip(steps, paths), key=lambda sp: abs(sp[0] - step))[1]
+  closest_step, closest = min(zip(steps, paths), key=lambda sp: abs(sp[0] - step))
+  if closest_step != step:
+    print(f"No checkpoint at step {step} in {model_dir} (saved steps: {steps}); using the closest, "
+          f"{closest}.")
+  return closest
 
 
 def _new_checkpoints(model_dir: str, skip_until: int, stop_after: int | None) -> Iterable[str]:
-  """Checkpoints as they appear, in step order, after skip_until; stops after one >= stop_after."""
-  last = skip_until
+  """Checkpoints as they appear, in step order, after skip_until; stops after one >= stop_after.
+
+  Says what it waits for (once per wait) while no new checkpoint is there.
+  """
+  last, waiting = skip_until, False
   while True:
     fresh = [p for p in list_checkpoints(model_dir) if get_step_from_checkpoint_path(p) > last]
     for path in fresh:
@@ -38,6 +46,11 @@ def _new_checkpoints(model_dir: str, skip_until: int, stop_after: int | None) ->
       last = get_step_from_checkpoint_path(path)
       if stop_after is not None and last >= stop_after:
         return
+    if not fresh and not waiting:
+      print(f"Waiting for a checkpoint after step {last} in {model_dir} (looking every {POLL_SECONDS:g} s). "
+            f"Stop with Ctrl-C, or set eval_checkpoint_step (e.g. -1 for the latest, 'all') to evaluate "
+            f"the checkpoints already there.", flush=True)
+    waiting = not fresh
     if not fresh:
       time.sleep(POLL_SECONDS)
 

@@ -1,0 +1,206 @@
+"""The driver never loses a checkpoint and never fails silently: each mistake a user can make with
+`utils.run` is refused before training, or said out loud, naming the culprit."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow.transformer import utils
+from mesh_tensorflow.transformer._train import arguments, checkpoints, guards, inputs
+from mesh_tensorflow.transformer._utils import checkpoint_selection
+from tests.transformer import tiny_run
+from tests.transformer.tiny_run import run
+
+
+def files_of(model_dir) -> dict:
+  """name -> size of every file in model_dir."""
+  return {f: os.path.getsize(os.path.join(model_dir, f)) for f in sorted(os.listdir(model_dir))}
+
+
+def train(model_dir, corpus_glob, *bindings, **kwargs):
+  tiny_run.configure_gin(corpus_glob, tiny_run.TWO_DEVICES + list(bindings))
+  return run(model_dir, "train", **kwargs)
+
+
+# ---- data loss ----
+
+def test_resuming_a_deeper_models_checkpoints_is_refused_and_every_checkpoint_is_kept(tmp_path, corpus):
+  train(tmp_path, corpus, "num_layers = 2", "utils.run.train_steps = 6")
+  before = files_of(tmp_path)
+  with pytest.raises(checkpoints.CheckpointMismatchError,
+                     match=r"model.ckpt-6 holds \d+ variables the model does not have, "
+                           r"e.g. \['transformer/block_001"):
+    train(tmp_path, corpus, "num_layers = 1", "utils.run.train_steps = 9",
+          "utils.run.keep_checkpoint_max = 1")
+  assert files_of(tmp_path) == before
+
+
+def test_a_shallower_models_checkpoints_are_refused_too(tmp_path, corpus):
+  train(tmp_path, corpus, "utils.run.train_steps = 3")
+  with pytest.raises(checkpoints.CheckpointMismatchError, match=r"lacks \d+ of the model's variables"):
+    train(tmp_path, corpus, "num_layers = 2", "utils.run.train_steps = 6")
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("utils.run.keep_checkpoint_max = -1", r"keep_checkpoint_max = -1 \(int\): expected None or 0"),
+    ("utils.run.train_steps = '6'", r"utils.run.train_steps = '6' \(str\): expected a positive int"),
+    ("utils.run.save_checkpoints_steps = 0", r"utils.run.save_checkpoints_steps = 0 .*positive int"),
+    ("utils.run.iterations_per_loop = 2.5", r"utils.run.iterations_per_loop = 2.5 \(float\)"),
+    ("utils.run.sequence_length = {'targets': 0}", r"sequence_length = \{'targets': 0\}"),
+    ("utils.run.batch_size = ('tokens_per_batch', 8)",
+     r"batch_size = \('tokens_per_batch', 8\) gives 0 sequences per batch.*length 16"),
+    ("utils.run.vocabulary = None", r"utils.run.vocabulary = None: expected a vocabulary object"),
+    ("utils.run.predict_fn = @utils.run", r"utils.run.predict_fn = .*not implemented.*remove the binding"),
+    ("utils.run.output_eval_examples = False", r"output_eval_examples = False: turning off"),
+    ("utils.run.eval_checkpoint_step = 'latest'", r"eval_checkpoint_step = 'latest' \(str\)"),
+])
+def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, corpus, binding, message):
+  with pytest.raises(arguments.RunArgumentError, match=message):
+    train(tmp_path / "model", corpus, binding)
+  assert not (tmp_path / "model").exists()
+
+
+def test_a_variable_filter_matching_nothing_is_refused(tmp_path, corpus):
+  with pytest.raises(ValueError, match=r"variable_filter 'no_such_variable' matches none of the model's \d+ "
+                                       r"trainable variables \(e.g. \['transformer/"):
+    train(tmp_path, corpus, "utils.run.variable_filter = 'no_such_variable'")
+
+
+# ---- the dataset contract, checked on the first batch ----
+
+def _dataset(examples: dict, batched: bool = False):
+  def dataset_fn(sequence_length, vocabulary, dataset_split):
+    del sequence_length, vocabulary, dataset_split
+    ds = tf.data.Dataset.from_tensor_slices(examples)
+    return ds.batch(2) if batched else ds
+  return dataset_fn
+
+
+_PADDED = np.full([16, 16], 7, np.int32)
+
+
+@pytest.mark.parametrize("dataset_fn, message", [
+    (_dataset({"targets": _PADDED + 300}), r"'targets' holds ids from 307 to 307 .* vocabulary has 259 ids"),
+    (_dataset({"targets": np.array(["some text"] * 16)}), r"feature 'targets' holds strings: encode them"),
+    (_dataset({"targets": _PADDED}, batched=True), r"feature 'targets' has shape \(None, 16\).*unbatched"),
+    (_dataset({"targets": _PADDED[:, :12]}),
+     r"feature 'targets' has lengths \[12\] .*sequence_length\['targets'\] is 16: pad"),
+    (_dataset({"text": _PADDED}), r"lack the feature\(s\) \['targets'\].*they have \['text'\]"),
+    (_dataset({"targets": _PADDED[:0]}), r"yields no examples"),
+])
+def test_a_dataset_breaking_the_contract_is_refused_naming_the_feature(tmp_path, corpus, dataset_fn, message):
+  with pytest.raises(inputs.DatasetContractError, match=r"utils.run.train_dataset_fn's .*" + message):
+    train(tmp_path, corpus, train_dataset_fn=dataset_fn)
+
+
+# ---- said out loud ----
+
+def test_an_unsaved_eval_step_names_the_checkpoint_used_instead(tmp_path, corpus, capsys):
+  train(tmp_path, corpus)
+  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.eval_checkpoint_step = 4",
+                                                         "utils.run.dataset_split = 'validation'"])
+  run(tmp_path, "perplexity_eval")
+  assert f"No checkpoint at step 4 in {tmp_path} (saved steps: [3, 6]); using the closest, " \
+         f"{tmp_path}/model.ckpt-3." in capsys.readouterr().out
+
+
+def test_an_incomplete_checkpoint_is_skipped_with_a_message(tmp_path, corpus, capsys):
+  train(tmp_path, corpus)
+  (tmp_path / "model.ckpt-9.data-00000-of-00001").write_bytes(b"cut short")
+  train(tmp_path, corpus, "utils.run.train_steps = 7")
+  out = capsys.readouterr().out
+  assert f"Skipping {tmp_path}/model.ckpt-9: its data files have no model.ckpt-9.index" in out
+  assert f"Resuming from {tmp_path}/model.ckpt-6 at step 6." in out
+
+
+def test_a_truncated_data_file_is_named(tmp_path, corpus):
+  train(tmp_path, corpus)
+  data = tmp_path / "model.ckpt-6.data-00000-of-00001"
+  data.write_bytes(data.read_bytes()[:100])
+  with pytest.raises(checkpoints.CheckpointCorruptError,
+                     match=r"Checkpoint .*model.ckpt-6 cannot be read.*model.ckpt-6.data-00000-of-00001"):
+    train(tmp_path, corpus, "utils.run.train_steps = 9")
+
+
+def test_waiting_for_checkpoints_says_what_it_waits_for(tmp_path, monkeypatch, capsys):
+  class Waited(Exception):
+    pass
+
+  def sleep(seconds):
+    raise Waited(seconds)
+  monkeypatch.setattr(checkpoint_selection.time, "sleep", sleep)
+  with pytest.raises(Waited):
+    next(iter(utils.get_checkpoint_iterator(None, str(tmp_path))))
+  assert re.search(rf"Waiting for a checkpoint after step 0 in {tmp_path} \(looking every 30 s\). Stop with "
+                   rf"Ctrl-C, or set eval_checkpoint_step", capsys.readouterr().out)
+
+
+def test_an_empty_infer_input_is_refused(tmp_path, corpus):
+  train(tmp_path / "model", corpus, "utils.run.train_steps = 3")
+  empty = tmp_path / "prompts.txt"
+  empty.write_text("")
+  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + [
+      f"utils.decode_from_file.input_filename = '{empty}'",
+      f"utils.decode_from_file.output_filename = '{tmp_path / 'decodes'}'",
+      "utils.run.eval_checkpoint_step = -1"])
+  with pytest.raises(ValueError, match=rf"{empty} \(utils.decode_from_file.input_filename\) has no lines"):
+    run(tmp_path / "model", "infer")
+
+
+def test_export_without_a_checkpoint_names_the_model_dir(tmp_path, corpus):
+  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES)
+  with pytest.raises(ValueError, match=rf"No checkpoint to export in {tmp_path} "
+                                       rf"\(utils.run.export_checkpoint_step = None; saved steps: \[\]\)"):
+    run(tmp_path, "export_infer")
+
+
+# ---- stopping, and two runs on one model_dir ----
+
+def start_long_run(model_dir, corpus_glob) -> subprocess.Popen:
+  """A run of 10000 steps (a checkpoint every 5000) in a subprocess, once it has trained a step."""
+  command = tiny_run.main_command(str(model_dir), corpus_glob, tiny_run.TWO_DEVICES + [
+      "utils.run.train_steps = 10000", "utils.run.save_checkpoints_steps = 5000"])
+  process = subprocess.Popen(command, cwd=tiny_run.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+  for line in process.stdout:
+    if line.startswith("First training step done"):
+      return process
+  raise AssertionError(f"the run ended before its first step: {process.wait()}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_saves_the_last_step_and_says_so(tmp_path, corpus, signum):
+  process = start_long_run(tmp_path, corpus)
+  time.sleep(1.0)
+  process.send_signal(signum)
+  out = process.stdout.read()
+  assert process.wait(timeout=120) != 0
+  match = re.search(rf"Stopped by {signum.name} at step (\d+): saved (\S+model.ckpt-(\d+))\. Run the same "
+                    rf"command again to resume\.", out)
+  assert match, out[-3000:]
+  assert match.group(1) == match.group(3) and int(match.group(1)) >= 1
+  assert checkpoints.latest_checkpoint(str(tmp_path)) == match.group(2)
+
+
+def test_a_second_run_on_a_model_dir_in_use_is_refused_naming_the_first(tmp_path, corpus):
+  first = start_long_run(tmp_path, corpus)
+  try:
+    with pytest.raises(guards.ModelDirInUseError,
+                       match=rf"{tmp_path} is in use by another training run \(pid {first.pid} on "):
+      train(tmp_path, corpus, "utils.run.train_steps = 3")
+  finally:
+    first.send_signal(signal.SIGTERM)
+    first.stdout.read()
+    first.wait(timeout=120)
+  stopped_at = checkpoints.get_step_from_checkpoint_path(checkpoints.latest_checkpoint(str(tmp_path)))
+  # Once the first run is gone, the directory is free and its checkpoint restores.
+  result = train(tmp_path, corpus, f"utils.run.train_steps = {stopped_at + 1}")
+  assert result["step"] == stopped_at + 1
