@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from typing import Optional, Sequence
 
 import tensorflow.compat.v1 as tf
@@ -18,6 +19,11 @@ import tensorflow.compat.v1 as tf
 DEVICES_PER_PROCESS_ENV = "MTF_DEVICES_PER_PROCESS"
 TIMEOUT_ENV = "MTF_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 60.0
+# How long Cluster.run keeps probing the peers' servers after a failed step.
+LOST_PEER_PROBE_SECONDS = 5.0
+# What TF's error text says when a peer's connection broke (the peer died or restarted).
+_BROKEN_CONNECTION = ("connection reset", "socket closed", "connection refused", "broken pipe",
+                      "recvmsg", "failed to connect", "connection aborted")
 
 
 class LostPeerError(RuntimeError):
@@ -26,6 +32,11 @@ class LostPeerError(RuntimeError):
   def __init__(self, message: str, lost_tasks: Sequence[int]):
     super().__init__(message)
     self.lost_tasks = list(lost_tasks)
+
+
+def _is_broken_connection(error: tf.errors.OpError) -> bool:
+  return isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError)) and any(
+      text in error.message.lower() for text in _BROKEN_CONNECTION)
 
 
 class Cluster:
@@ -162,14 +173,19 @@ class Cluster:
     """sess.run(fetches), turning a failed collective into a LostPeerError naming the lost task.
 
     The step fails after `timeout_seconds` (or at once if a peer's connection breaks); the lost
-    task is the one whose server stopped answering, else a hung one.
+    task is the one whose server stopped answering, else a hung one. A task killed with SIGKILL
+    keeps accepting connections for a while (40 to 120 ms measured), so the servers are probed
+    again for up to LOST_PEER_PROBE_SECONDS before concluding that every peer still answers; a
+    step that failed on a broken connection is a LostPeerError even then.
     """
     options = tf.RunOptions(timeout_in_ms=int(self.timeout_seconds * 1000)) if self.timeout_seconds else None
     try:
       return sess.run(fetches, feed_dict=feed_dict, options=options)
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
             tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.InternalError) as e:
-      lost = self.unreachable_tasks()
+      # After a deadline a dead peer died long ago; a broken connection may be a dying one.
+      lost = self._tasks_stopping_to_answer(
+          0.0 if isinstance(e, tf.errors.DeadlineExceededError) else LOST_PEER_PROBE_SECONDS)
       if lost:
         names = ", ".join(f"task {t} ({self.workers[t]})" for t in lost)
         raise LostPeerError(f"Lost {names}: its server stopped answering while task "
@@ -181,4 +197,19 @@ class Cluster:
             f"(its step ran past the deadline); "
             f"every task's server still answers, so a peer is hung (or slower than the timeout: "
             f"raise it with --timeout / MTF_COLLECTIVE_TIMEOUT).", []) from e
+      if _is_broken_connection(e):
+        raise LostPeerError(
+            f"Task {self.task_index} lost its connection to a peer during a collective "
+            f"({type(e).__name__}: {e.message.splitlines()[0][:200]}), though every task's server "
+            f"answered again within {LOST_PEER_PROBE_SECONDS:g} s: a peer restarted, or the network "
+            f"failed.", []) from e
       raise
+
+  def _tasks_stopping_to_answer(self, seconds: float) -> list:
+    """unreachable_tasks, probed again until one is found or `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    while True:
+      lost = self.unreachable_tasks(probe_seconds=1.0)
+      if lost or time.monotonic() >= deadline:
+        return lost
+      time.sleep(0.05)

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 from tests.multiprocess import train_script
-from tests.multiprocess.launching import ROOT, TIMEOUT, launch_script
+from tests.multiprocess.launching import ROOT, kill_a_peer_without_launcher, launch_script
 
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "train_script.py")
 
@@ -73,18 +71,7 @@ def test_killed_task_stops_the_run_naming_it_and_the_last_checkpoint_resumes(tmp
 
 
 def test_survivor_without_launcher_fails_within_the_timeout_naming_the_lost_task(tmp_path):
-  from mesh_tensorflow.launch import tf_configs
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", MTF_DEVICES_PER_PROCESS="4",
-             MTF_COLLECTIVE_TIMEOUT=str(TIMEOUT))
-  args = [sys.executable, SCRIPT, "--steps", "4", "--die_at_step", "1", "--out", str(tmp_path)]
-  tasks = [subprocess.Popen(args, cwd=ROOT, env=dict(env, TF_CONFIG=json.dumps(c)), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True) for c in tf_configs(2)]
-  try:
-    survivor_output = tasks[0].communicate(timeout=150)[0]
-    tasks[1].wait(timeout=30)
-  finally:
-    for task in tasks:
-      task.kill()
-  assert tasks[1].returncode == -9
-  assert tasks[0].returncode != 0
+  survivor_output, survivor_status, killed_status = kill_a_peer_without_launcher(str(tmp_path))
+  assert killed_status == -9
+  assert survivor_status != 0
   assert "LostPeerError: Lost task 1 (127.0.0.1:" in survivor_output

@@ -150,9 +150,18 @@ def test_warm_starting_maps_names_and_skips_filtered_variables(tmp_path):
 
 
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint_latest_and_intact(tmp_path):
+  # The fault is injected here: Saver.save of step 2 kills its process once the data is written,
+  # before the checkpoint is complete, as a crash during the save would.
   script = textwrap.dedent(f"""
-      import os
-      os.environ["{checkpoints.CRASH_DURING_SAVE_ENV}"] = "2"
+      import os, signal
+      import tensorflow.compat.v1 as tf
+      save = tf.train.Saver.save
+      def save_then_die(self, sess, save_path, *args, **kwargs):
+        result = save(self, sess, save_path, *args, **kwargs)
+        if save_path.endswith("model.ckpt-2"):
+          os.kill(os.getpid(), signal.SIGKILL)
+        return result
+      tf.train.Saver.save = save_then_die
       from tests.harness import configure_virtual_cpus
       configure_virtual_cpus()
       from tests.transformer.test_checkpoints import train_and_save

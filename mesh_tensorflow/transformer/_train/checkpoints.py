@@ -19,7 +19,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-import signal
 from typing import Callable, Optional, Sequence
 
 import tensorflow.compat.v1 as tf
@@ -28,9 +27,6 @@ from mesh_tensorflow._lowering import random_stream
 
 CHECKPOINT_PREFIX = "model.ckpt"
 _TMP_PREFIX = ".tmp-"
-# Test hook: a process saving this step kills itself (SIGKILL) after the data is written,
-# before the checkpoint is complete, as a crash during a save would.
-CRASH_DURING_SAVE_ENV = "MTF_CRASH_DURING_SAVE_AT_STEP"
 
 
 class CheckpointMismatchError(ValueError):
@@ -213,11 +209,6 @@ def _write_state_file(model_dir: str, paths: Sequence[str]) -> None:
   _write_atomically(os.path.join(model_dir, "checkpoint"), "\n".join(lines) + "\n")
 
 
-def _crash_if_requested(step: int) -> None:
-  if os.environ.get(CRASH_DURING_SAVE_ENV) == str(step):
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 class CheckpointManager:
   """Saves and restores `variables` (tf master variables + global step) in model_dir.
 
@@ -248,7 +239,6 @@ class CheckpointManager:
     final = checkpoint_path(self._model_dir, step)
     tmp = os.path.join(self._model_dir, f"{_TMP_PREFIX}{os.getpid()}-{os.path.basename(final)}")
     self._saver.save(session, tmp, write_meta_graph=False, write_state=False)
-    _crash_if_requested(step)
     data_files = sorted(glob.glob(glob.escape(tmp) + ".data-*"))
     for data in data_files:  # the index last: a checkpoint counts as complete once its index exists
       os.replace(data, final + data[len(tmp):])
