@@ -14,18 +14,23 @@ from typing import Optional, Sequence
 
 from mesh_tensorflow._launch.launcher import Launch, free_ports, tf_configs  # noqa: F401
 
+USAGE = "%(prog)s --num_processes N [--devices_per_process M] [--timeout S] -- command [arg ...]"
+EXAMPLE = ("example: %(prog)s --num_processes 2 --devices_per_process 4 -- python train.py\n"
+           "(a command starting with `python` runs with the launcher's own interpreter)")
+
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Parses the launcher's flags (before '--') and runs the command after it; returns the status."""
   argv = list(sys.argv[1:] if argv is None else argv)
   command = argv[argv.index("--") + 1:] if "--" in argv else []
   flags = argv[:argv.index("--")] if "--" in argv else argv
-  parser = argparse.ArgumentParser(prog="python -m mesh_tensorflow.launch",
-                                   description=__doc__.split("\n")[2])
-  parser.add_argument("--num_processes", type=int, required=True, help="tasks to start (N)")
-  parser.add_argument("--devices_per_process", type=int, default=1,
-                      help="devices each task gives the mesh (virtual CPUs, or GPUs) (M)")
-  parser.add_argument("--timeout", type=float, default=None,
+  parser = argparse.ArgumentParser(prog="python -m mesh_tensorflow.launch", usage=USAGE,
+                                   description=__doc__.split("\n", 2)[2], epilog=EXAMPLE,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--num_processes", type=int, required=True, metavar="N", help="tasks to start")
+  parser.add_argument("--devices_per_process", type=int, default=1, metavar="M",
+                      help="devices each task gives the mesh (virtual CPUs, or GPUs)")
+  parser.add_argument("--timeout", type=float, default=None, metavar="S",
                       help="seconds a collective waits for a lost peer before failing (default 60)")
   args = parser.parse_args(flags)
   if not command:

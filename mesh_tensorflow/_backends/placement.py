@@ -397,11 +397,18 @@ def session_config_for_devices(devices: Sequence[str], config: Optional[tf.Confi
   if cpu_ids and "CPU" not in ret.device_count:
     ret.device_count["CPU"] = max(cpu_ids) + 1
   if len(devices) > 1 and cpus_of_one_process(devices) and not ret.intra_op_parallelism_threads:
-    cores = cores or len(os.sched_getaffinity(0))
+    cores = cores or usable_cores()
     ret.intra_op_parallelism_threads = max(1, cores // len(devices))
   if devices and all_cpus(devices) and not ret.graph_options.HasField("rewrite_options"):
     lean_graph_optimization(ret.graph_options.rewrite_options)
   return ret
+
+
+def usable_cores() -> int:
+  """The cores this process may run on: its CPU affinity where the OS has one (Linux), else all."""
+  if hasattr(os, "sched_getaffinity"):
+    return len(os.sched_getaffinity(0))
+  return os.cpu_count() or 1
 
 
 def lean_graph_optimization(rewrite_options) -> None:

@@ -28,5 +28,13 @@ class UnsplittableDimensionError(LayoutError):
   """The layout splits a dimension that an op declares unsplittable."""
 
 
+class LayoutRuleWarning(UserWarning):
+  """A layout rule names a mesh dimension the mesh lacks but has a close name for: likely a typo.
+
+  The rule does not apply (its tensor dimension stays replicated); filter this category to
+  silence it, or turn it into an error with `warnings.simplefilter("error", mtf.LayoutRuleWarning)`.
+  """
+
+
 class GradientNotImplementedError(NotImplementedError):
   """mtf.gradients reached an op that has no gradient (e.g. a second-order gradient)."""

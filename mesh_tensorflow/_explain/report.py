@@ -69,8 +69,8 @@ def avoidable_communication(graph, report, outputs=(), threshold: float = 0.01) 
 
   validator = valid_layouts.LayoutValidator(graph, report.mesh_shape)
   problem = _solver.Problem(graph, report.mesh_shape, validator, outputs, report.time_model)
-  current = dict(_rules_of(report.layout_rules))
-  current = {d: m for d, m in current.items() if d in problem.dims}
+  # Rules for mesh dimensions this mesh lacks do not apply (the dry run warned about likely typos).
+  current = {d: m for d, m in _rules_of(report.layout_rules) if d in problem.dims and m in problem.mesh_names}
   warnings = []
   for rule, events in sorted(event_rules(graph, report).items()):
     dim, mesh_dim = rule.split(":")

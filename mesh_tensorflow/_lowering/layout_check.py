@@ -8,11 +8,13 @@ instead of somewhere inside an op's lowering.
 
 from __future__ import annotations
 
+import difflib
+import warnings
 from collections import abc
 from typing import Iterator, Optional
 
 from mesh_tensorflow._core.dims import Dimension, Shape, convert_to_shape
-from mesh_tensorflow._core.errors import UnsplittableDimensionError
+from mesh_tensorflow._core.errors import LayoutRuleWarning, UnsplittableDimensionError
 from mesh_tensorflow._core.graph import Graph, Mesh
 from mesh_tensorflow._core.layout import LayoutRules, convert_to_layout_rules, slice_shape
 from mesh_tensorflow._core.operation import Operation
@@ -40,10 +42,51 @@ def check_layout(graph: Graph, mesh_shape, layout_rules, mesh: Optional[Mesh] = 
 
 
 def check_mesh_impls(graph: Graph, mesh_to_impl) -> None:
-  """`check_layout` for each mesh in `mesh_to_impl` ({mtf.Mesh: MeshImpl}) with its impl's layout."""
+  """`check_layout` for each mesh in `mesh_to_impl` ({mtf.Mesh: MeshImpl}) with its impl's layout.
+
+  Also warns (LayoutRuleWarning, pointing at the caller of `Lowering`) about each layout rule
+  that looks misspelled: see `misspelled_rules`.
+  """
   _check_is_mesh_to_impl(mesh_to_impl)
   for mesh, impl in mesh_to_impl.items():
+    tensor_dims = {d.name for op in _operations(graph, mesh) for t in op.outputs for d in t.shape.dims}
+    for message in misspelled_rules(impl.shape, impl.layout_rules, tensor_dims):
+      warnings.warn(message, LayoutRuleWarning, stacklevel=3)
     check_layout(graph, impl.shape, impl.layout_rules, mesh=mesh)
+
+
+# How alike a rule's name and an existing one must be to call it a typo. Tensor dimensions are
+# held to a closer match: shipped layouts name dimensions that many models lack (outer_batch,
+# experts), which are not typos of the ones they have (batch).
+_MESH_DIM_CUTOFF, _TENSOR_DIM_CUTOFF = 0.6, 0.8
+
+
+def misspelled_rules(mesh_shape, layout_rules, tensor_dims=()) -> list:
+  """A message per rule naming a dimension that is absent but has a close name: a likely typo.
+
+  A rule for a mesh dimension absent from this mesh, or for a tensor dimension absent from this
+  graph, is legitimate (shipped layout files name `model` and run on meshes without it; they name
+  `experts` for models without experts), so only near misses are reported: `hidden:modle` on a
+  mesh with `model`, `dff:model` in a graph with `d_ff` (`tensor_dims`: the graph's dimension
+  names; empty: not checked). Such a rule does not apply.
+  """
+  mesh_shape = convert_to_shape(mesh_shape)
+  names = mesh_shape.dimension_names
+  messages = []
+  for dim, mesh_dim in convert_to_layout_rules(layout_rules):
+    close = difflib.get_close_matches(mesh_dim, names, n=1, cutoff=_MESH_DIM_CUTOFF)
+    if mesh_dim not in names and close:
+      messages.append(
+          f"Layout rule {dim}:{mesh_dim} names mesh dimension {mesh_dim!r}, which this mesh does not "
+          f"have (its dimensions: {', '.join(names)}): did you mean {close[0]!r}? The rule does not "
+          f"apply, so {dim!r} is not split by it.")
+    close = difflib.get_close_matches(dim, sorted(tensor_dims), n=1, cutoff=_TENSOR_DIM_CUTOFF)
+    if tensor_dims and dim not in tensor_dims and close:
+      messages.append(
+          f"Layout rule {dim}:{mesh_dim} names tensor dimension {dim!r}, which no tensor of this graph "
+          f"has: did you mean {close[0]!r}? The rule does not apply, so {close[0]!r} is not split "
+          f"by it.")
+  return messages
 
 
 def _operations(graph: Graph, mesh: Optional[Mesh]) -> Iterator[Operation]:

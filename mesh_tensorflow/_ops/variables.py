@@ -198,8 +198,8 @@ def get_variable(mesh, name: str, shape, dtype=tf.float32, master_dtype=None, sl
     slice_dtype: overrides the dtype of the per-processor slices.
     activation_dtype: overrides the dtype the graph reads.
     initializer: a TF initializer for the master, e.g. tf.random_normal_initializer(stddev=0.02);
-      None logs a warning and uses TF's default (glorot_uniform, which guesses fan-in and fan-out
-      from the dimension order).
+      None uses TF's default, glorot_uniform, which takes fan-in and fan-out from the dimension
+      order (fan-out is the last dimension, as in [d_in, d_out]); this is logged at INFO level.
     trainable: whether the variable is in graph.trainable_variables (optimizers update those).
     **kwargs: passed on to tf.get_variable (e.g. collections).
 
@@ -221,9 +221,9 @@ def get_variable(mesh, name: str, shape, dtype=tf.float32, master_dtype=None, sl
                      f"got {dtype!r}.")
   scope_name = tf.get_variable_scope().name
   full_name = scope_name + "/" + name if scope_name else name
-  if initializer is None:
-    tf.logging.warning("Using the default glorot_uniform_initializer for variable %s; it guesses "
-                       "fan-in and fan-out from the dimension order.", full_name)
+  if initializer is None:  # the documented default: worth a debugging note, not a warning
+    tf.logging.info("Using the default glorot_uniform_initializer for variable %s; it takes fan-in "
+                    "and fan-out from the dimension order.", full_name)
   shape = convert_to_shape(shape)
   if full_name in mesh.graph.name_to_variable:
     existing = mesh.graph.name_to_variable[full_name]

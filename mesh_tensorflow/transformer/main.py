@@ -5,11 +5,11 @@ configured mode. The command line goes to `model_dir/command` (`command.1`, ... 
 the operative gin configuration to `model_dir/operative_config.gin`. TensorFlow's start-up and
 info lines are hidden unless --verbose.
 
-Example (the bundled byte-level language model, 8 virtual CPU devices, a 2x4 mesh):
+Example, from the repository root (docs/transformer.md): the bundled byte-level language model on
+8 virtual CPU devices, with the shipped layout layouts/cpu8_dp_mp.gin (mesh batch:2,model:4):
 
-    python -m mesh_tensorflow.transformer.main --model_dir=/tmp/lm \
-      --module_import=examples.transformer.data \
-      --gin_file=examples/transformer/gin/lm_pydoc.gin --gin_file=layouts/2x2_dp_mp.gin
+    python -m mesh_tensorflow.transformer.main --model_dir=/tmp/mtf_main_lm \
+      --gin_file=examples/transformer/gin/lm_pydoc.gin --gin_file=layouts/cpu8_dp_mp.gin
 """
 
 from __future__ import annotations
@@ -21,8 +21,12 @@ import warnings
 
 from absl import app, flags, logging
 
+import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import utils
-from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
+from mesh_tensorflow.transformer._utils import gin_config
+from mesh_tensorflow.transformer._utils.gin_config import gin_search_path, resolve_gin_files
+
+flags.adopt_module_key_flags(gin_config)  # --help lists --gin_file, --gin_param, --gin_location_prefix
 
 flags.DEFINE_string("tpu_job_name", None, "Name of the TPU worker job (TPUs: see utils.run).")
 flags.DEFINE_string("model_dir", "/tmp/transformer_standalone", "Directory of checkpoints, logs and config.")
@@ -43,6 +47,7 @@ def configure_logging(verbose: bool) -> None:
     tf.logging.set_verbosity(tf.logging.INFO)
     return
   warnings.filterwarnings("ignore")
+  warnings.filterwarnings("default", category=mtf.LayoutRuleWarning)  # a likely typo in the layout
   logging.set_verbosity(logging.ERROR)
   tf.logging.set_verbosity(tf.logging.ERROR)
 
@@ -68,30 +73,15 @@ def write_command_line(model_dir: str, argv) -> str:
   return path
 
 
-def resolve_gin_files(gin_files, search_path) -> list:
-  """Each --gin_file as an existing path: as given, else under the first search-path directory
-  holding it. A name found nowhere is a UsageError naming the places searched."""
-  resolved = []
-  for name in gin_files or []:
-    candidates = [name] + [os.path.join(d, name) for d in search_path]
-    found = [c for c in candidates if os.path.exists(c)]
-    if not found:
-      raise app.UsageError(f"--gin_file={name}: no such file (looked in the current directory and in "
-                           f"{', '.join(search_path)}); check the name or add --gin_location_prefix=DIR.")
-    resolved.append(os.path.abspath(found[0]))
-  return resolved
-
-
-def gin_search_path() -> list:
-  return list(FLAGS.gin_location_prefix or []) + [packaged_gin_dir()]
-
-
 def main(argv) -> None:
   configure_logging(FLAGS.verbose)
   configure_virtual_cpus(FLAGS.num_cpu_devices)
   for module in FLAGS.module_import or []:
     importlib.import_module(module)
-  FLAGS.gin_file = resolve_gin_files(FLAGS.gin_file, gin_search_path())
+  try:
+    FLAGS.gin_file = resolve_gin_files(FLAGS.gin_file, gin_search_path())
+  except app.UsageError as e:
+    sys.exit(f"Error: {e}")  # alone: absl would print the whole usage text before it
   write_command_line(FLAGS.model_dir, argv)
   utils.parse_gin_defaults_and_flags()
   utils.run(tpu_job_name=FLAGS.tpu_job_name, tpu=FLAGS.tpu, gcp_project=FLAGS.gcp_project,

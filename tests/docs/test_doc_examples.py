@@ -1,7 +1,9 @@
 """Every Python block and command line in README.md and docs/*.md runs as shown.
 
-Each Python block runs as a program of its own in a fresh interpreter, so it must set up what it
-needs (graph or eager mode, virtual devices, imports) as the page says. A block preceded by
+Each Python block runs as a program of its own in a fresh interpreter, saved in a temporary
+directory and run from there with only the installed package importable (not the repository), so
+it must set up what it needs (graph or eager mode, virtual devices, imports) as the page says; and
+it must print no warning or error (TensorFlow's own lines in TOLERATED aside). A block preceded by
 `<!-- fragment -->` is an excerpt and is skipped; at most MAX_FRAGMENT_SHARE of the blocks may be.
 Command lines (in sh/bash/console blocks, or after a `$ ` prompt) that run a repository script
 or module with Python are run with SHORT_SETTINGS appended; commands that install things are only checked
@@ -35,6 +37,7 @@ SHORT_SETTINGS = {
     "examples/spatial_conv.py": ["--steps", "2"],
     "benchmarks/bench_classifier.py": ["--steps", "2", "--warmup", "1", "--batch_size", "32",
                                        "--hidden", "32", "--lowering_devices", "1,8"],
+    "scripts/lost_peer_loop.py": ["--rounds", "1"],
     # The Transformer example and driver: two steps of a one-layer model of width 16.
     "examples.transformer.train": ["--train_steps", "2", "--gin_param", "num_layers = 1", "--gin_param",
                                    "d_model = 16", "--gin_param", "d_ff = 32", "--gin_param",
@@ -54,6 +57,27 @@ NOT_RUN = {
     ("bash", "scripts/run_tests.sh"): "installs packages and runs the whole test suite",
     ("bash", "scripts/run_example.sh"): "installs packages, then runs the main example",
     ("bash", "scripts/build_api_docs.sh"): "run by tests/docs/test_api_reference.py",
+}
+
+
+# A line is a warning when it is a Python warning (`file.py:12: UserWarning: ...`), a Python log
+# line at WARNING level or above (`WARNING:tensorflow:...`, `ERROR:root:...`), or an absl log line
+# at those levels, from Python or TF's C++ (`W0000 00:00:1700000000.000000  123 file.cc:12] ...`).
+# Info lines (`I0000 ...`: TF's oneDNN and cpu_feature_guard notices, servers started, XLA) and
+# the lines continuing them are not warnings.
+WARNING_LINE = re.compile(r"\w+Warning: |^(WARNING|ERROR|CRITICAL|FATAL):|^[WEF]\d{4} \d\d:\d\d:\d\d")
+
+# Warning lines that are TensorFlow's own, whatever the program does: {pattern: why tolerated}.
+TOLERATED = {
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$":
+        "TF's C++ logging announces itself as TensorFlow loads",
+    r"^WARNING:tensorflow:From \S*/(site|dist)-packages/tensorflow/\S+: \w+ \(from [\w.]+\) is deprecated ":
+        "a deprecated TF function called by TF itself, not by the program: tf.disable_v2_behavior() "
+        "calls disable_resource_variables, MonitoredTrainingSession's restore get_checkpoint_mtimes",
+    r"^W\d{4} [\d:. ]+\d+ local_rendezvous\.cc:\d+\] Local rendezvous is aborting with status: "
+    r"ABORTED: Cleanup \d+":
+        "TF's distributed runtime dropping a finished step's transfers between tasks (sometimes: a "
+        "race between the tasks; the step has succeeded)",
 }
 
 
@@ -126,18 +150,61 @@ def with_model_dir(argv: list, folder: pathlib.Path) -> list:
   return out
 
 
-def run(argv: list, cwd: pathlib.Path) -> None:
-  env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+def run(argv: list, cwd: pathlib.Path, env=None) -> subprocess.CompletedProcess:
+  """Runs argv (by default with the repository importable and TF's C++ info and warnings hidden),
+  asserting that it succeeds."""
+  env = env or dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
   result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
   assert result.returncode == 0, (
       f"exit status {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+  return result
+
+
+def user_environment() -> dict:
+  """A user's: only installed packages importable (no PYTHONPATH), TF's C++ log lines all shown."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")
+  env.pop("PYTHONPATH", None)
+  return env
+
+
+def warning_lines(output: str) -> list:
+  """The lines of `output` that are warnings or errors, but for TOLERATED ones."""
+  return [line for line in output.splitlines()
+          if WARNING_LINE.search(line) and not any(re.search(p, line) for p in TOLERATED)]
 
 
 @pytest.mark.parametrize("block", [b for b in python_blocks() if not b.fragment], ids=lambda b: b.where)
-def test_python_block_runs(block, tmp_path):
+def test_python_block_runs_saved_anywhere_and_prints_no_warning(block, tmp_path):
   program = tmp_path / "block.py"
   program.write_text(block.code, encoding="utf-8")
-  run([sys.executable, str(program)], cwd=tmp_path)
+  result = run([sys.executable, str(program)], cwd=tmp_path, env=user_environment())
+  warnings = warning_lines(result.stdout + "\n" + result.stderr)
+  assert not warnings, f"{block.where} prints warnings:\n" + "\n".join(warnings)
+
+
+def test_warning_lines_are_ours_not_tensorflows_start_up_or_internal_notices():
+  output = """\
+WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
+I0000 00:00:1796296712.864822   14162 cpu_feature_guard.cc:227] This TensorFlow binary is optimized ...
+To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow with ...
+I0000 00:00:1796296712.9   14162 port.cc:153] oneDNN custom operations are on. You may see ...
+WARNING:tensorflow:From /v/lib/python3.11/site-packages/tensorflow/python/training/saver.py:1177: \
+get_checkpoint_mtimes (from tensorflow.python.checkpoint.checkpoint_management) is deprecated and ...
+Instructions for updating:
+W0000 00:00:1796296822.085044   15562 local_rendezvous.cc:412] Local rendezvous is aborting with \
+status: ABORTED: Cleanup 130960313850980463 [type.googleapis.com/tensorflow.DerivedStatus='']
+WARNING:tensorflow:From /tmp/block.py:3: disable_resource_variables (from tensorflow.python.ops) is deprecated
+WARNING:tensorflow:Using the default glorot_uniform_initializer for variable w; ...
+ERROR:root:Path not found: layouts/cpu8_dp_mp.gin
+/work/x.py:7: LayoutRuleWarning: Layout rule hidden:modle names mesh dimension 'modle', ...
+<frozen runpy>:128: RuntimeWarning: 'mesh_tensorflow.explain' found in sys.modules after import ...
+W0000 00:00:1796296822.085044   15562 grappler.cc:1] something else
+E0512 11:18:24.123456 1234 main.py:12] an absl error from Python
+"""
+  assert [line[:30] for line in warning_lines(output)] == [
+      "WARNING:tensorflow:From /tmp/b", "WARNING:tensorflow:Using the d", "ERROR:root:Path not found: lay",
+      "/work/x.py:7: LayoutRuleWarnin", "<frozen runpy>:128: RuntimeWar", "W0000 00:00:1796296822.085044 ",
+      "E0512 11:18:24.123456 1234 mai"]
 
 
 def command_id(x) -> str:

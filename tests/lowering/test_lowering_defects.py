@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -15,8 +10,6 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow._backends import simd
 from tests.backends.test_simd_mesh_impl import _EmulatedTpuOps
 from tests.harness import cpu_devices, session_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _variables_graph(mesh):
@@ -67,41 +60,6 @@ def test_sequence_mode_copies_every_variable_on_the_placement_backend(monkeypatc
   for i, per_processor in enumerate(values):
     for value in per_processor:
       np.testing.assert_array_equal(value, np.full([1, 2], i + 1.0))
-
-
-_RANDOM_SCRIPT = textwrap.dedent("""
-    import numpy as np
-    import tensorflow.compat.v1 as tf
-    import mesh_tensorflow as mtf
-    tf.disable_eager_execution()
-    for graph_seed in (7, 8):
-      with tf.Graph().as_default():
-        tf.set_random_seed(graph_seed)
-        graph = mtf.Graph()
-        mesh = mtf.Mesh(graph, "mesh")
-        x = mtf.random_uniform(mesh, "a:4;b:6")
-        impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "a:all", ["", ""])
-        lowering = mtf.Lowering(graph, {mesh: impl})
-        with tf.Session() as sess:
-          print(np.array2string(sess.run(lowering.export_to_tf_tensor(x)).ravel(), precision=8))
-""")
-
-
-def _random_values_in_subprocesses(hash_seeds) -> list:
-  """Per PYTHONHASHSEED, the values drawn with graph seeds 7 and 8 in a process of its own."""
-  processes = [subprocess.Popen(
-      [sys.executable, "-c", _RANDOM_SCRIPT], stdout=subprocess.PIPE, text=True,
-      env=dict(os.environ, PYTHONHASHSEED=h, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3"))
-      for h in hash_seeds]
-  outputs = [p.communicate(timeout=120)[0] for p in processes]
-  assert all(p.returncode == 0 for p in processes), outputs
-  return [out.split("]")[:2] for out in outputs]
-
-
-def test_the_same_graph_seed_draws_the_same_values_in_separate_processes():
-  (seed_7, seed_8), other_process = _random_values_in_subprocesses(["1", "2"])
-  assert other_process == [seed_7, seed_8]
-  assert seed_7 != seed_8
 
 
 def test_print_prints_on_the_simd_backend(capfd):

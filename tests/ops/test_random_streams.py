@@ -230,42 +230,45 @@ def test_the_dry_run_counts_no_communication_for_random_ops():
 
 
 _PROCESS_SCRIPT = """
-import json, sys
+import json
 import tensorflow.compat.v1 as tf
 import mesh_tensorflow as mtf
 from tests.harness import BACKENDS, session_config
 from tests.ops.test_random_streams import draws
-seed = sys.argv[1]
 runs = {}
-for backend in ["placement", "collective"]:
-  with tf.Graph().as_default():
-    if seed != "none":
-      tf.set_random_seed(int(seed))
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "mesh")
-    outputs = draws(mesh)
-    impl = BACKENDS[backend]("r:2;c:4", "a:r;c:c", ["cpu:%d" % i for i in range(8)])
-    lowering = mtf.Lowering(graph, {mesh: impl})
-    tensors = [tf.cast(lowering.export_to_tf_tensor(x), tf.float64) for x in outputs]
-    with tf.Session(config=session_config()) as session:
-      runs[backend] = [[v.tolist() for v in session.run(tensors)] for _ in range(3)]
+for seed in [21, 22, None]:
+  for backend in ["placement", "collective"]:
+    with tf.Graph().as_default():
+      if seed is not None:
+        tf.set_random_seed(seed)
+      graph = mtf.Graph()
+      mesh = mtf.Mesh(graph, "mesh")
+      outputs = draws(mesh)
+      impl = BACKENDS[backend]("r:2;c:4", "a:r;c:c", ["cpu:%d" % i for i in range(8)])
+      lowering = mtf.Lowering(graph, {mesh: impl})
+      tensors = [tf.cast(lowering.export_to_tf_tensor(x), tf.float64) for x in outputs]
+      with tf.Session(config=session_config()) as session:
+        runs[f"{seed} {backend}"] = [[v.tolist() for v in session.run(tensors)] for _ in range(3)]
 print(json.dumps(runs))
 """
 
 
-def run_in_fresh_process(seed: str, hash_seed: str) -> dict:
-  """{backend: three runs of `draws`} from a new Python process with that PYTHONHASHSEED."""
-  env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  done = subprocess.run([sys.executable, "-c", _PROCESS_SCRIPT, seed], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300, check=False)
-  assert done.returncode == 0, done.stderr[-3000:]
-  return json.loads(done.stdout.strip().splitlines()[-1])
+def runs_in_fresh_processes(hash_seeds) -> list:
+  """Per PYTHONHASHSEED, {"<graph seed> <backend>": three runs of `draws`}, each in a process of its own."""
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  processes = [subprocess.Popen([sys.executable, "-c", _PROCESS_SCRIPT], cwd=ROOT, text=True,
+                                env=dict(env, PYTHONHASHSEED=h), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE) for h in hash_seeds]
+  outputs = [p.communicate(timeout=300) for p in processes]
+  assert all(p.returncode == 0 for p in processes), [err[-3000:] for _, err in outputs]
+  return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
 
 
-def test_processes_with_one_seed_draw_the_same_three_runs_on_both_backends_and_unseeded_ones_differ():
-  first = run_in_fresh_process("21", hash_seed="1")
-  assert first == run_in_fresh_process("21", hash_seed="2")
-  assert first["placement"] == first["collective"]
-  assert first["placement"][0] != first["placement"][1] != first["placement"][2]
-  unseeded = [run_in_fresh_process("none", hash_seed="1")["placement"] for _ in range(2)]
-  assert unseeded[0][0] != unseeded[1][0]
+def test_processes_with_one_seed_draw_the_same_runs_on_both_backends_and_other_seeds_differ():
+  first, second = runs_in_fresh_processes(["1", "2"])
+  for key in ["21 placement", "21 collective", "22 placement", "22 collective"]:
+    assert first[key] == second[key]
+  assert first["21 placement"] == first["21 collective"]
+  assert first["21 placement"] != first["22 placement"]
+  assert first["21 placement"][0] != first["21 placement"][1] != first["21 placement"][2]
+  assert first["None placement"][0] != second["None placement"][0]  # unseeded: each run its own

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -13,9 +14,13 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
+import mesh_tensorflow as mtf
+from mesh_tensorflow._lowering import layout_check
+
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer._train import arguments, checkpoints, guards, inputs
 from mesh_tensorflow.transformer._utils import checkpoint_selection
+from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
 from tests.transformer import tiny_run
 from tests.transformer.tiny_run import run
 
@@ -72,6 +77,27 @@ def test_a_variable_filter_matching_nothing_is_refused(tmp_path, corpus):
   with pytest.raises(ValueError, match=r"variable_filter 'no_such_variable' matches none of the model's \d+ "
                                        r"trainable variables \(e.g. \['transformer/"):
     train(tmp_path, corpus, "utils.run.variable_filter = 'no_such_variable'")
+
+
+def test_a_layout_rule_naming_no_dimension_of_the_model_warns_with_the_closest_name(tmp_path, corpus):
+  with pytest.warns(mtf.LayoutRuleWarning, match=r"Layout rule dff:model names tensor dimension 'dff', which "
+                                                  r"no tensor of this graph has: did you mean 'd_ff'\?"):
+    train(tmp_path, corpus, "utils.run.layout_rules = 'batch:batch;dff:model'", "utils.run.train_steps = 1")
+
+
+def test_the_shipped_layouts_name_no_likely_typo_for_the_models_they_come_with():
+  """Shipped layout files name dimensions some models lack (experts, outer_batch): no warning."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  names = ["batch", "outer_batch", "length", "d_model", "d_ff", "heads", "d_kv", "vocab", "memory_length"]
+  for name in names:
+    mtf.zeros(mesh, mtf.Shape([mtf.Dimension(name, 8)]))
+  layouts = sorted(pathlib.Path(packaged_gin_dir()).rglob("*.gin"))
+  assert layouts
+  for path in layouts:
+    rules = re.search(r"layout_rules\s*=\s*[\"'](.*?)[\"']", path.read_text())
+    if rules:
+      assert not layout_check.misspelled_rules("model:2;batch:2", rules.group(1), set(names)), path
 
 
 # ---- the dataset contract, checked on the first batch ----

@@ -107,6 +107,3 @@ def main(argv=None) -> int:
     print(f"wrote {path}")
   return 0
 
-
-if __name__ == "__main__":
-  sys.exit(main())
