@@ -8,11 +8,9 @@ no TPU.
 
 from __future__ import annotations
 
-from tensorflow.python.client import session as session_lib
-from tensorflow.python.framework import ops
-from tensorflow.python.framework import tensor_conversion_registry
-from tensorflow.python.ops import control_flow_ops
-from tensorflow.python.ops import gen_resource_variable_ops
+from mesh_tensorflow._tf_compat import control_flow_ops, gen_resource_variable_ops, ops
+from mesh_tensorflow._tf_compat import session as session_lib
+from mesh_tensorflow._tf_compat import tensor_conversion_registry
 
 
 def _enclosing_tpu_context():

@@ -123,10 +123,9 @@ def remove_summaries() -> None:
 
 def topology_rank(topology) -> int:
   """Rank of a TPU topology's mesh shape; `topology` is a Topology or its serialized bytes."""
-  from tensorflow.python.tpu import topology as tpu_topology
   if isinstance(topology, bytes):
-    topology = tpu_topology.Topology(serialized=topology)
-  if not isinstance(topology, tpu_topology.Topology):
+    topology = tf.tpu.experimental.Topology(serialized=topology)
+  if not isinstance(topology, tf.tpu.experimental.Topology):
     raise ValueError(f"topology must be a tf.tpu.experimental.Topology or its serialized bytes, "
                      f"got {type(topology).__name__}.")
   return len(topology.mesh_shape)

@@ -27,6 +27,7 @@ from typing import Optional
 
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow import _tf_compat
 from mesh_tensorflow._lowering.tf_helpers import transpose_unless_identity
 
 MAX_ROWS = 256  # products with more rows run well as one kernel
@@ -37,10 +38,10 @@ COLUMN_BLOCK = 256  # columns per MatMul of a blocked product
 def blocks_help() -> bool:
   """Whether TF's CPU matmuls are Eigen's (blocks help), not oneDNN's (blocks do not)."""
   try:
-    from tensorflow.python.util import _pywrap_util_port  # TF's own "is oneDNN on" switch
+    util_port = _tf_compat.util_port  # TF's own "is oneDNN on" switch
   except ImportError:
     return False  # unknown: leave TF's einsum alone
-  return not _pywrap_util_port.IsMklEnabled()
+  return not util_port.IsMklEnabled()
 
 
 def einsum(equation: str, x, y):

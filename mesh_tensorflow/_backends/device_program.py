@@ -37,9 +37,8 @@ from typing import Callable, Optional
 
 import tensorflow.compat.v1 as tf
 from tensorflow.core.protobuf import config_pb2
-from tensorflow.python.eager import context
-from tensorflow.python.eager.polymorphic_function import atomic_function
-from tensorflow.python.framework import func_graph as func_graph_lib
+from mesh_tensorflow._tf_compat import atomic_function, context
+from mesh_tensorflow._tf_compat import func_graph as func_graph_lib
 
 from mesh_tensorflow._lowering.laid_out import LaidOutTensor
 

@@ -25,7 +25,6 @@ from typing import Optional, Sequence
 
 import tensorflow.compat.v1 as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
-from tensorflow.python.ops import resource_variable_ops
 
 from mesh_tensorflow._backends import cpu_contraction, ring_collectives, tf_collectives
 from mesh_tensorflow._backends.device_program import DeviceProgram
@@ -35,6 +34,7 @@ from mesh_tensorflow._lowering import laid_out
 from mesh_tensorflow._lowering.lazy import convert_args_to_laid_out_tensors
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
 from mesh_tensorflow._lowering.tf_helpers import parallel, transpose_list_of_lists
+from mesh_tensorflow._tf_compat import resource_variable_ops
 
 MASTERS = ("whole", "sliced")  # PlacementMeshImpl(masters=...)
 

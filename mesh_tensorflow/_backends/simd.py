@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import gin
 import tensorflow.compat.v1 as tf
 
-from mesh_tensorflow import tpu_variables
+from mesh_tensorflow import _tf_compat, tpu_variables
 from mesh_tensorflow._core.layout import (
     pnum_to_processor_coordinates, processor_coordinates_to_pnum, processor_groups)
 from mesh_tensorflow._lowering import laid_out
@@ -23,9 +23,8 @@ from mesh_tensorflow._lowering.tf_helpers import outside_all_rewrites, reduction
 
 
 def _tpu_ops():
-  """TPU collective ops, imported on first use so that CPU-only code never needs them."""
-  from tensorflow.python.tpu.ops import tpu_ops
-  return tpu_ops
+  """TPU collective ops (tests replace this function with an emulation)."""
+  return _tf_compat.tpu_ops
 
 
 @gin.configurable(module="mesh_tensorflow.simd_mesh_impl")

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import zlib
 
+import tensorflow as tf2
 import tensorflow.compat.v1 as tf
-from tensorflow.python.ops import variables as tf_variables
-from tensorflow.python.training.saving import saveable_object, saveable_object_util
+from mesh_tensorflow._tf_compat import saveable_object, saveable_object_util
 
 from mesh_tensorflow._lowering import laid_out
 
@@ -160,7 +160,7 @@ class _SlicedVariable:
     self.parts = {pnum: self.slices[pnum] for pnum in part_pnums.values()}  # each slice's part
     self._checkpointed = []  # what stands in the master's collections: a part or its CastPart
     for begin, pnum in part_pnums.items():
-      info = tf_variables.Variable.SaveSliceInfo(
+      info = tf2.Variable.SaveSliceInfo(
           variable.name, shape.to_integer_list, list(begin), slice_shape)
       if variable.slice_dtype == variable.master_dtype:
         self.parts[pnum]._set_save_slice_info(info)  # pylint: disable=protected-access
@@ -229,7 +229,7 @@ class _InitialParts:
   def _slices(self) -> list:
     if self._parts is None:
       master = self._variable.get_master()
-      if isinstance(master, tf_variables.Variable):
+      if isinstance(master, tf2.Variable):  # every kind (tf.compat.v1.Variable is a subclass)
         master = master.read_value() if tf.executing_eagerly() else master.initial_value
       self._parts = self._mesh_impl.master_parts(master, self._variable.shape)
     return self._parts

@@ -6,7 +6,7 @@ import weakref
 from typing import Callable, Optional
 
 import tensorflow.compat.v1 as tf
-from tensorflow.python.ops import resource_variable_ops
+from mesh_tensorflow._tf_compat import resource_variable_ops
 
 
 class LaidOutTensor:

@@ -10,11 +10,14 @@ The hash is SplitMix64's output function applied to `key + (index + 1) * golden_
 is a SplitMix64 stream, and two streams overlap only if their keys differ by fewer than
 (number of elements) multiples of the gamma, a chance of about 2^-40 for a 2^24-element tensor.
 
-The integer part (indices, hash, conversion to a uniform number in the target precision) is
-exact, so it is compiled with XLA where TF allows (an XLA call inside a tf.compat.v1 while_loop
-does not run) and built from plain TF ops otherwise, with equal results. Floating-point
-transforms (the affine map of a uniform, erfinv for normals) are plain TF ops on either path, so
-results agree to the bit whichever path drew them.
+The draw of a slice (indices, hash, conversion to a uniform number in the target precision, and
+erfinv for normals) is one XLA-compiled function per slice geometry: XLA computes every element
+with the same instructions whatever the slice's size, where TF's own erfinv kernel takes a
+vectorised path for most elements and a scalar one for the rest (1 ulp apart, so a normal value
+would depend on the layout). Inside a tf.compat.v1 while_loop, where an XLA call does not run,
+the same function is built from plain TF ops: uniform and integer values are the same bits,
+normal values may differ in the last bit. The affine map of uniforms and normals (minval/maxval,
+mean/stddev) is a plain TF multiply and add, exact per element.
 """
 
 from __future__ import annotations
@@ -142,19 +145,23 @@ def _standard(kind: str, dtype, geometry: SliceGeometry, pnum, key, int_range):
   uniform, floating: values k / 2^b in [0, 1), b the dtype's significand bits (float32 for 8- and
     16-bit floats, cast exactly later);
   uniform, integer: minval + bits mod (maxval - minval), int_range = (minval, maxval) as int64;
-  normal kinds: (2k + 1 - 2^b) / 2^b in (-1, 1), erfinv's argument.
+  normal kinds: standard normal values, sqrt(2) erfinv(v (erf(sqrt 2) if truncated)) with
+    v = (2k + 1 - 2^b) / 2^b in (-1, 1).
   """
   bits = _bits(geometry, pnum, key)
   if dtype.is_integer:
     minval, maxval = int_range[0], int_range[1]
     span = tf.bitcast(maxval - minval, _U64)
     return tf.cast(minval + tf.bitcast(tf.math.floormod(bits, span), tf.int64), dtype)
-  b = _SIGNIFICAND_BITS[dtype]
   compute_dtype = tf.float64 if dtype == tf.float64 else tf.float32
+  # Normal values of 8- and 16-bit floats are rounded from float32 ones, drawn with float32's bits.
+  b = _SIGNIFICAND_BITS[dtype if kind == "uniform" else compute_dtype]
   k = tf.bitcast(tf.bitwise.right_shift(bits, tf.constant(64 - b, _U64)), tf.int64)
   if kind == "uniform":
     return tf.cast(k, compute_dtype) * (2.0 ** -b)
-  return tf.cast(2 * k + (1 - 2 ** b), compute_dtype) * (2.0 ** -b)
+  v = tf.cast(2 * k + (1 - 2 ** b), compute_dtype) * (2.0 ** -b)
+  erf_bound = _ERF_SQRT2 if kind == "truncated_normal" else 1.0
+  return (2.0 ** 0.5) * tf.math.erfinv(v * erf_bound)
 
 
 _compiled = {}  # (kind, dtype, geometry) -> an XLA-compiled _standard
@@ -201,9 +208,7 @@ def draw(kind: str, geometry: SliceGeometry, pnum, key, dtype=tf.float32, **kwar
   if kind == "uniform":
     minval, maxval = _uniform_bounds(kwargs)
     return _affine(tf.cast(standard, dtype), minval, maxval - minval, dtype)
-  erf_bound = _ERF_SQRT2 if kind == "truncated_normal" else 1.0
-  normal = tf.cast((2.0 ** 0.5) * tf.math.erfinv(standard * erf_bound), dtype)
-  return _affine(normal, kwargs.get("mean", 0), kwargs.get("stddev", 1), dtype)
+  return _affine(tf.cast(standard, dtype), kwargs.get("mean", 0), kwargs.get("stddev", 1), dtype)
 
 
 def _uniform_bounds(kwargs: dict) -> tuple:

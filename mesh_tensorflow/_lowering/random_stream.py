@@ -22,6 +22,8 @@ import weakref
 
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow import _tf_compat
+
 COUNTER_NAME = "mtf_random_counter"
 # The collection holding a graph's counter variable (a list of one).
 COUNTER_COLLECTION = "mtf_random_counter"
@@ -54,8 +56,7 @@ def next_position(graph=None):
 def graph_random_seed():
   """The graph-level seed set by tf.set_random_seed (graph or eager), or None."""
   if tf.executing_eagerly():
-    from tensorflow.python.eager import context
-    return context.global_seed()
+    return _tf_compat.context.global_seed()
   return tf.get_default_graph().seed
 
 
@@ -97,8 +98,7 @@ def _eager_counter():
 
 def _seed_generator():
   """The eager context's op-seed generator, which each tf.random.set_seed call replaces."""
-  from tensorflow.python.eager import context
-  return getattr(context.context(), "_rng", None)  # absent until a seed is set
+  return getattr(_tf_compat.context.context(), "_rng", None)  # absent until a seed is set
 
 
 def _increment(counter):

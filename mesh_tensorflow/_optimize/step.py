@@ -13,7 +13,7 @@ from __future__ import annotations
 import weakref
 
 import tensorflow.compat.v1 as tf
-from tensorflow.python.ops import control_flow_util
+from mesh_tensorflow._tf_compat import control_flow_util
 
 __all__ = ["training_step"]
 

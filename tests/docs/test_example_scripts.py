@@ -54,10 +54,15 @@ def test_learning_check_scales_with_the_number_of_steps():
   assert classifier.check_learning([2.0] * 59 + [1.1]).startswith("FAILED")
 
 
-def test_benchmark_with_three_steps_times_every_step(capsys):
+def test_benchmark_reports_each_layouts_step_time_as_a_ratio_to_plain_tf(capsys):
   load_benchmark().main(["--steps", "3", "--batch_size", "32", "--hidden", "32", "--lowering_devices", "1"])
-  times = [float(t) for t in re.findall(r"([\d.]+) ms/step", capsys.readouterr().out)]
-  assert len(times) == 4 and all(t > 0 for t in times), times
+  rows = re.findall(r"^(plain TF, 1 device|mtf [\w-]+, 8 devices) +([\d.]+) ms/step +ratio ([\d.]+)$",
+                    capsys.readouterr().out, re.M)
+  assert [name for name, _, _ in rows] == ["plain TF, 1 device", "mtf data-parallel, 8 devices",
+                                           "mtf model-parallel, 8 devices", "mtf 2-D, 8 devices"]
+  plain_ms = float(rows[0][1])
+  for _, ms, ratio in rows:
+    assert float(ratio) == pytest.approx(float(ms) / plain_ms, abs=0.006), rows
 
 
 def test_benchmark_on_gpu_without_gpus_says_so(capsys, monkeypatch):

@@ -167,6 +167,18 @@ def test_values_are_the_same_on_one_device_and_under_any_mesh_and_layout(case):
   assert_all_equal(actual, expected)
 
 
+def test_normal_values_do_not_depend_on_the_slice_size():
+  """TF's erfinv kernel is 1 ulp apart on its vectorised and scalar paths (slices of 3 elements
+  take the scalar one, the whole tensor the vectorised one); the draw's XLA function is not."""
+  def build(mesh):
+    return [mtf.random_normal(mesh, "a:8;b:3"), mtf.RandomOperation(
+        mesh, mtf.convert_to_shape("a:8;b:3"), tf.random.truncated_normal, dtype=tf.float64).outputs[0]]
+  for mode in MODES:
+    expected = lower_and_evaluate(build, "all:1", "", mode, seed=3)
+    for mesh_shape in ["all:2", "all:4", "all:8"]:
+      assert_all_equal(lower_and_evaluate(build, mesh_shape, "a:all", mode, seed=3), expected)
+
+
 @pytest.mark.parametrize("backend", ["collective", "collective_tf_ops", "placement_unshared"])
 def test_other_backends_draw_the_placement_backends_values(backend):
   expected = lower_and_evaluate(draws, "r:2;c:4", "a:r;c:c", "graph", seed=2)

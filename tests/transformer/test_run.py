@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow._backends import placement
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer._train import checkpoints, decode, model_fn, progress
 from tests.transformer import tiny_run
@@ -151,8 +152,11 @@ def test_prompts_keep_their_end_and_other_inputs_their_start():
   assert decode.clean_ids([5, 6, 0, 7, 1, 8, 0]) == [5, 6, 7]
 
 
-def test_the_driver_session_has_the_meshs_cpus_and_a_share_of_the_cores_per_kernel():
+@pytest.mark.parametrize("cores, threads_per_kernel", [(16, 2), (8, 1), (2, 1)])
+def test_the_driver_session_has_the_meshs_cpus_and_a_share_of_the_cores_per_kernel(
+    monkeypatch, cores, threads_per_kernel):
+  monkeypatch.setattr(placement, "usable_cores", lambda: cores)
   config = model_fn.session_config([f"cpu:{i}" for i in range(8)])
   assert config.device_count["CPU"] == 8 and not config.allow_soft_placement
-  assert config.intra_op_parallelism_threads == max(1, len(os.sched_getaffinity(0)) // 8)
+  assert config.intra_op_parallelism_threads == threads_per_kernel
   assert model_fn.session_config(None) == tf.ConfigProto(allow_soft_placement=False)

@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow import _tf_compat
 from mesh_tensorflow._core.layout import pnum_to_processor_coordinates
 from mesh_tensorflow.transformer._train import checkpoints, inputs, loop, model_fn, progress
 
@@ -101,11 +102,10 @@ def connect(tpu: str, zone: Optional[str] = None, project: Optional[str] = None,
 
 def query_topology(cluster: TpuCluster):
   """Initialises the TPU system and returns its tf.tpu.experimental.Topology."""
-  from tensorflow.python.tpu import topology as topology_lib
   with tf.Graph().as_default():
     serialized = tf.tpu.initialize_system(job=cluster.job)
     with tf.Session(cluster.master, config=tf.ConfigProto(cluster_def=cluster.cluster_def)) as session:
-      return topology_lib.Topology(serialized=session.run(serialized))
+      return tf.tpu.experimental.Topology(serialized=session.run(serialized))
 
 
 def physical_shape(topology) -> list:
@@ -131,7 +131,6 @@ def assign_devices(topology, mesh_shape, hierarchical_tiling_spec=None) -> tuple
   Raises:
     ValueError: if the mesh does not have one processor per core of the topology.
   """
-  from tensorflow.python.tpu import device_assignment as device_assignment_lib
   mesh_shape = mtf.convert_to_shape(mesh_shape)
   topology_shape = [int(n) for n in topology.mesh_shape]
   num_cores = topology.num_tasks * topology.num_tpus_per_task
@@ -148,7 +147,7 @@ def assign_devices(topology, mesh_shape, hierarchical_tiling_spec=None) -> tuple
     logical_to_physical = mtf.simd_mesh_impl.auto_logical_to_physical_tpu(
         mesh_shape.to_integer_list, shape_3d)
   core_assignment = np.array([[_core_coordinates(topology_shape, p)] for p in range(num_cores)])
-  return device_assignment_lib.DeviceAssignment(topology, core_assignment), list(logical_to_physical)
+  return tf.tpu.experimental.DeviceAssignment(topology, core_assignment), list(logical_to_physical)
 
 
 def host_devices(device_assignment, job: Optional[str]) -> list:
@@ -212,7 +211,7 @@ def build_training_graph(model, dataset: tf.data.Dataset, config: loop.TrainConf
 
   Runs nowhere: the graph is the same with or without a TPU.
   """
-  from tensorflow.python.tpu import tpu_feed, training_loop
+  tpu_feed, training_loop = _tf_compat.tpu_feed, _tf_compat.tpu_training_loop
   hosts = host_devices(device_assignment, job)
   num_replicas = device_assignment.num_replicas
   with tf.device(hosts[0]):
@@ -268,7 +267,7 @@ def _v1_control_flow():
   lowering creates in it cannot be lifted out (their initial values live in the body); v1
   control flow lets them be created at the top level of the graph.
   """
-  from tensorflow.python.ops import control_flow_util
+  control_flow_util = _tf_compat.control_flow_util
   enabled = control_flow_util.ENABLE_CONTROL_FLOW_V2
   control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
   try:
