@@ -61,8 +61,10 @@ def test_benchmark_reports_each_layouts_step_time_as_a_ratio_to_plain_tf(capsys)
   assert [name for name, _, _ in rows] == ["plain TF, 1 device", "mtf data-parallel, 8 devices",
                                            "mtf model-parallel, 8 devices", "mtf 2-D, 8 devices"]
   plain_ms = float(rows[0][1])
-  for _, ms, ratio in rows:
-    assert float(ratio) == pytest.approx(float(ms) / plain_ms, abs=0.006), rows
+  for _, ms, ratio in rows:  # printed to 0.001 ms and 0.01: the ratio of the printed times, rounded
+    low = (float(ms) - 0.0005) / (plain_ms + 0.0005) - 0.005
+    high = (float(ms) + 0.0005) / (plain_ms - 0.0005) + 0.005
+    assert low <= float(ratio) <= high, rows
 
 
 def test_benchmark_on_gpu_without_gpus_says_so(capsys, monkeypatch):
