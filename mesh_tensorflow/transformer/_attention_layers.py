@@ -297,9 +297,21 @@ def relative_position_spans(context, num_sentinels: int = gin.REQUIRED,
   return (encoder_count - encoder_is_sentinel) - (decoder_count - 1)
 
 
-def enc_dec_attention_bias(layer, context, heads_dims,
+@gin.configurable(module=GIN_MODULE)
+def enc_dec_attention_bias(layer, context, heads_dims, relative_position_fn=relative_position_spans,
                            q: Optional[mtf.Tensor] = None) -> Optional[mtf.Tensor]:
-  """Encoder-decoder attention bias: segment (or padding) mask plus optional span-relative bias."""
+  """Encoder-decoder attention bias: segment (or padding) mask plus optional relative-position bias.
+
+  Args:
+    layer: the attention layer (its relative_attention_type and bucket count are read).
+    context: a Context.
+    heads_dims: the query heads dims of the relative-position bias variable.
+    relative_position_fn: context -> [batch, length, memory_length] relative positions of the
+      encoder tokens to the decoder tokens (default: relative_position_spans).
+    q: the queries, for the "contextual" relative attention type only.
+  Returns:
+    the bias Tensor, or None when nothing is masked.
+  """
   biases = []
   if isinstance(context.encoder_sequence_id, mtf.Tensor):
     if isinstance(context.sequence_id, mtf.Tensor):
@@ -310,16 +322,29 @@ def enc_dec_attention_bias(layer, context, heads_dims,
   if layer.relative_attention_type is not None:
     cache_key = ("enc_dec_attention_bias", tuple(heads_dims or []))
     biases.append(_relative_attention_bias(
-        layer, context, relative_position_spans(context), True, heads_dims, q, cache_key))
+        layer, context, relative_position_fn(context), True, heads_dims, q, cache_key))
   return mtf.add_n(biases) if biases else None
 
 
+@gin.configurable(module=GIN_MODULE)
 def enc_dec_attention(self_attention_layer: SelfAttention, memory_antecedent: mtf.Tensor, context,
-                      x: mtf.Tensor, losses, attention_fn=None) -> mtf.Tensor:
+                      x: mtf.Tensor, losses, attention_fn=attention.attention,
+                      z_loss_coeff: Optional[float] = None) -> mtf.Tensor:
   """Attention of x over `memory_antecedent` (dims [batch..., memory_length, d_model]).
 
   The keys/values are computed once: "first_part" records them as a constant state and
   "incremental" reads them back.
+
+  Args:
+    self_attention_layer: the layer whose parameters and options are used.
+    memory_antecedent: the encoder output.
+    context: a Context.
+    x: the decoder activations [batch..., length, d_model].
+    losses: passed to the layer's layer_output_from_attention_output.
+    attention_fn: the attention function (attention.attention, or the layer's own if None).
+    z_loss_coeff: see attention.attention.
+  Returns:
+    a Tensor shaped like x.
   """
   layer = self_attention_layer
   if memory_antecedent.shape.dims[-1] != context.model.model_dim:
@@ -338,10 +363,12 @@ def enc_dec_attention(self_attention_layer: SelfAttention, memory_antecedent: mt
     memory_length = memory_antecedent.shape.get_dim_by_name("memory_length")
     if context.mode == "first_part":
       context.record_constant_state((k, v, memory_length))
-  bias = enc_dec_attention_bias(layer, context, params.query_heads_dims, q)
+  bias = enc_dec_attention_bias(layer, context, params.query_heads_dims, q=q)
   attention_fn = attention_fn or layer.attention_fn
-  o = attention_fn(q, k, v, memory_length, layer.kv_dim, layer.kv_dim, bias, context=context,
-                   **layer.attention_kwargs_from_context(context))
+  kwargs = layer.attention_kwargs_from_context(context)
+  if z_loss_coeff is not None:
+    kwargs["z_loss_coeff"] = z_loss_coeff
+  o = attention_fn(q, k, v, memory_length, layer.kv_dim, layer.kv_dim, bias, context=context, **kwargs)
   attention_output = params.compute_output(o, output_shape=layer.expected_attention_output_shape(x, params))
   return layer.layer_output_from_attention_output(context, attention_output, losses)
 

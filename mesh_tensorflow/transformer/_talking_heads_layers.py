@@ -28,12 +28,15 @@ def _dims(pairs) -> list:
 class TalkingHeadsSelfAttention(SelfAttention):
   """Talking-heads self-attention.
 
-  Variables: `q`, `k` [d_model, key heads, d_k], `v` [d_model, value heads, d_v], `o` [value
-  heads, d_v, d_model] (each a dense `kernel`), `logits` [key heads, softmax heads] and
-  `weights` [softmax heads, value heads]. dynamic_projections adds input-dependent head
-  mixing: "x2l"/"x2w" computed from the query position's input, "m2l"/"m2w" from the memory
-  position's, for the logits / weights projection (variables `<logits|weights>_<x|m>`,
-  stddev dynamic_projections_init_scale / sqrt(d_model)).
+  Variables (as 0.1.21's, so its checkpoints restore): `q`, `k` [d_model, key heads, d_k], `v`
+  [d_model, value heads, d_v], `y` [value heads, d_v, d_model] (each a dense `kernel`), `logits`
+  [key heads, softmax heads] and `weights` [softmax heads, value heads]. The 1/sqrt(d_k) logit
+  scaling lives in q's initializer (variance 1 / (d_model * d_k)), not in the computation.
+  dynamic_projections adds input-dependent head mixing: "x2l"/"x2w" computed from the query
+  position's input, "m2l"/"m2w" from the memory position's, for the logits / weights projection
+  (variables `<logits|weights>_dynamic_<i>` [d_model, shared, reduced, new heads], i counting
+  the enabled ones in the order x, m; variance dynamic_projections_init_scale / (d_model *
+  reduced heads)). Dropout applies to the attention weights after their heads projection.
   """
 
   def __init__(self, key_heads_dims=(("heads", 12),), softmax_heads_dims=(("heads", 12),),
@@ -74,8 +77,10 @@ class TalkingHeadsSelfAttention(SelfAttention):
 
   def compute_q(self, context, x: mtf.Tensor) -> mtf.Tensor:
     key_dim = self.key_dim(context)
-    q = self._dense(context, x, [context.model.model_dim], self.key_heads_dims + [key_dim], "q")
-    return q * key_dim.size ** -0.5
+    # The 1/sqrt(d_k) logit scaling is folded into the initializer (none under unit scaling).
+    init_scale = 1.0 if mtf.layers.unit_scaling_convention() else 1.0 / key_dim.size
+    return self._dense(context, x, [context.model.model_dim], self.key_heads_dims + [key_dim], "q",
+                       kernel_initializer=mtf.layers.VarianceScalingInitializer(init_scale))
 
   def compute_k(self, context, m: mtf.Tensor) -> mtf.Tensor:
     return self._dense(context, m, [context.model.model_dim], self.key_heads_dims + [self.key_dim(context)],
@@ -87,7 +92,7 @@ class TalkingHeadsSelfAttention(SelfAttention):
 
   def compute_y(self, context, o: mtf.Tensor, output_shape: mtf.Shape) -> mtf.Tensor:
     y = self._dense(context, o, self.value_heads_dims + [self.value_dim(context)], [context.model.model_dim],
-                    "o")
+                    "y")
     return mtf.transpose(y, output_shape)
 
   def memory_tensors(self, context, m: mtf.Tensor) -> list:
@@ -98,8 +103,7 @@ class TalkingHeadsSelfAttention(SelfAttention):
                     sources: Sequence[tuple] = ()) -> mtf.Tensor:
     """Maps t's input heads dims to output heads dims (identity where they coincide).
 
-    sources: (suffix, tensor with d_model) pairs, each adding a dynamic projection computed
-    from that tensor.
+    sources: tensors with d_model, each adding a dynamic projection computed from it.
     """
     shared = [d for d in input_heads_dims if d in output_heads_dims]
     reduced = [d for d in input_heads_dims if d not in output_heads_dims]
@@ -110,23 +114,32 @@ class TalkingHeadsSelfAttention(SelfAttention):
     if clashes:
       raise ValueError(f"{type(self).__name__}: heads dims {input_heads_dims} -> {output_heads_dims} reuse "
                        f"the names {sorted(clashes)} with different sizes; give each role distinct names.")
-    out = self._dense(context, t, reduced, new, name, expert_dims=shared)
-    stddev = self.dynamic_projections_init_scale * context.model.model_dim.size ** -0.5
-    for suffix, source in sources:
-      projection = self._dense(context, source, [context.model.model_dim], reduced + new,
-                               "%s_%s" % (name, suffix), expert_dims=shared,
-                               kernel_initializer=tf.random_normal_initializer(stddev=stddev))
-      out += mtf.einsum([t, projection], output_shape=out.shape)
-    return out
+    if not sources:
+      return self._dense(context, t, reduced, new, name, expert_dims=shared)
+    with tf.variable_scope(name):
+      static = mtf.get_variable(
+          t.mesh, "kernel", mtf.Shape(context.model.ensemble_dims + shared + reduced + new),
+          initializer=mtf.layers.VarianceScalingInitializer()(reduced, new), dtype=context.variable_dtype)
+    init_scale = self.dynamic_projections_init_scale
+    if not mtf.layers.unit_scaling_convention():
+      init_scale /= mtf.Shape(reduced).size
+    projections = [
+        self._dense(context, source, [context.model.model_dim], shared + reduced + new,
+                    "%s_dynamic_%d" % (name, i),
+                    kernel_initializer=mtf.layers.VarianceScalingInitializer(init_scale))
+        for i, source in enumerate(sources)]
+    projections[0] += static  # the static projection folded into the first dynamic one
+    return mtf.add_n([mtf.layers.us_einsum([t, p], reduced_dims=reduced) for p in projections])
 
   def _sources(self, kind: str, x: mtf.Tensor, memory: Optional[mtf.Tensor]) -> list:
+    """The inputs of the enabled dynamic projections of the `kind` ("l" or "w") projection."""
     sources = []
     for origin, tensor in (("x", x), ("m", memory)):
       if origin + "2" + kind in self.dynamic_projections:
         if tensor is None:
           raise ValueError(f"{type(self).__name__}: dynamic projection {origin}2{kind} needs the memory "
                            f"inputs, which incremental decoding does not keep.")
-        sources.append((origin, tensor))
+        sources.append(tensor)
     return sources
 
   def attention_internal(self, context, x: mtf.Tensor, q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor,
@@ -138,12 +151,12 @@ class TalkingHeadsSelfAttention(SelfAttention):
     if bias is not None:
       logits += mtf.cast(bias, logits.dtype)
     weights = mtf.softmax(logits, memory_length)
+    weights = self.talking_heads(context, weights, "weights", self.softmax_heads_dims, self.value_heads_dims,
+                                 self._sources("w", x, memory))
     if context.train and self.dropout_rate:
       weights = mtf.dropout(weights, context.train, rate=self.dropout_rate,
                             noise_shape=weights.shape - context.length_dim)
-    weights = self.talking_heads(context, weights, "weights", self.softmax_heads_dims, self.value_heads_dims,
-                                 self._sources("w", x, memory))
-    o = mtf.layers.us_einsum([weights, v], reduced_dims=[memory_length])
+    o = mtf.einsum([weights, v], reduced_dims=[memory_length])
     return self.compute_y(context, o, x.shape)
 
   def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
@@ -178,7 +191,8 @@ class _GeneralBilinearMixin:
   """General bilinear attention: multi-head attention with d_kv = d_model and no k, v projections.
 
   Projections on both q and k (or v and o) would be redundant, so k = v = the memory input and
-  only `q` [d_model, heads, d_model] and `o` [heads, d_model, d_model] are learned. One set of heads
+  only `q` [d_model, heads, d_model] (initial variance 1 / d_model**2: the 1/sqrt(d_model) logit
+  scaling) and `y` [heads, d_model, d_model] are learned. One set of heads
   dims serves keys, softmax and values.
   """
 

@@ -29,7 +29,7 @@ def _dropout(weights: mtf.Tensor, context, dropout_rate: float, dropout_broadcas
 
 def attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, memory_length_dim, key_dim, value_dim, bias=None,
               dropout_rate: float = 0.0, dropout_broadcast_dims=None, extra_logit=None, context=None,
-              float32_logits: bool = True) -> mtf.Tensor:
+              float32_logits: bool = True, z_loss_coeff: Optional[float] = None) -> mtf.Tensor:
   """softmax(q.k + bias over memory_length_dim) . v.
 
   Args:
@@ -43,6 +43,8 @@ def attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, memory_length_dim, ke
     extra_logit: an optional scalar: an extra always-present logit (attend to nothing).
     context: optional transformer Context (training mode, 2-D sharding of the attention).
     float32_logits: compute logits and softmax in float32.
+    z_loss_coeff: if set (and context.train), appends to context.losses z_loss_coeff times the
+      mean over non-padding positions of logsumexp(logits)**2, pulling the logits toward zero.
   Returns:
     a Tensor with q's shape, key_dim replaced by value_dim.
   """
@@ -54,10 +56,22 @@ def attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, memory_length_dim, ke
   logits = mtf.layers.us_einsum([q, k], reduced_dims=[key_dim])
   if bias is not None:
     logits += mtf.cast(bias, logits.dtype)
+  if z_loss_coeff is not None and context is not None and context.train:
+    _add_z_loss(logits, memory_length_dim, context, z_loss_coeff, v.dtype)
   weights = mtf.cast(mtf.softmax(logits, memory_length_dim, extra_logit=extra_logit), v.dtype)
   weights = _dropout(weights, context, dropout_rate, dropout_broadcast_dims)
   outputs = mtf.einsum([weights, v], q.shape - key_dim + value_dim)
   return _undo_2d_reshape(outputs, orig_q_shape - key_dim + value_dim)
+
+
+def _add_z_loss(logits: mtf.Tensor, memory_length_dim, context, z_loss_coeff: float, dtype) -> None:
+  """Appends z_loss_coeff * mean(logsumexp(logits)**2 * nonpadding) to context.losses."""
+  log_z = mtf.reduce_logsumexp(logits, memory_length_dim)
+  z_loss = mtf.reduce_mean(mtf.square(log_z) * mtf.cast(context.nonpadding, log_z.dtype))
+  if context.num_microbatches and context.num_microbatches > 1:
+    z_loss /= context.num_microbatches
+  mtf.scalar_summary("attention_z_loss", z_loss)
+  context.losses.append(mtf.cast(z_loss * z_loss_coeff, dtype))
 
 
 def hybrid_attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, context, memory_length_dim, key_dim,

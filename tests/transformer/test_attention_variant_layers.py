@@ -4,6 +4,8 @@ the Synthesizer and mixture-of-experts attention."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -49,20 +51,23 @@ PADDING_BIAS = visibility_bias(ENCODER_IDS != 0)[:, None, None, :]  # [b, 1, 1, 
 
 
 def tf_talking_heads(x, memory, variables, bias):
-  """Talking heads with key heads h=4, softmax heads s=2, value heads v=2; x2l and m2w dynamic projections."""
-  q = tf.einsum("bld,dhk->blhk", x, variables["layer/q/kernel"]) * 2 ** -0.5
+  """Talking heads with key heads h=4, softmax heads s=2, value heads v=2; x2l and m2w dynamic projections.
+
+  As 0.1.21 computes it: no run-time 1/sqrt(d_k) on q (its initializer holds it), output kernel `y`.
+  """
+  q = tf.einsum("bld,dhk->blhk", x, variables["layer/q/kernel"])
   k = tf.einsum("bmd,dhk->bmhk", memory, variables["layer/k/kernel"])
   v = tf.einsum("bmd,dvk->bmvk", memory, variables["layer/v/kernel"])
   logits = tf.einsum("blhk,bmhk->blhm", q, k)
-  dynamic = tf.einsum("bld,dhs->blhs", x, variables["layer/logits_x/kernel"])
+  dynamic = tf.einsum("bld,dhs->blhs", x, variables["layer/logits_dynamic_0/kernel"])
   logits = (tf.einsum("blhm,hs->blsm", logits, variables["layer/logits/kernel"])
             + tf.einsum("blhm,blhs->blsm", logits, dynamic) + bias)
   weights = tf.nn.softmax(logits)
-  dynamic = tf.einsum("bmd,dsv->bmsv", memory, variables["layer/weights_m/kernel"])
+  dynamic = tf.einsum("bmd,dsv->bmsv", memory, variables["layer/weights_dynamic_0/kernel"])
   weights = (tf.einsum("blsm,sv->blvm", weights, variables["layer/weights/kernel"])
              + tf.einsum("blsm,bmsv->blvm", weights, dynamic))
   o = tf.einsum("blvm,bmvk->blvk", weights, v)
-  return tf.einsum("blvk,vkd->bld", o, variables["layer/o/kernel"])
+  return tf.einsum("blvk,vkd->bld", o, variables["layer/y/kernel"])
 
 
 TALKING_HEADS = dict(key_heads_dims=[("heads", 4)], softmax_heads_dims=[("softmax_heads", 2)],
@@ -88,6 +93,23 @@ def test_talking_heads_enc_dec_attention_hides_encoder_padding():
   check_layer(_enc_dec_build(layer), reference, ENC_DEC_INPUTS)
 
 
+@pytest.mark.parametrize("make_layer,q_fan", [
+    (lambda: transformer_layers.TalkingHeadsSelfAttention(**TALKING_HEADS), D_MODEL * 2),
+    (lambda: transformer_layers.GeneralBilinearSelfAttention(heads_dims=[("heads", 2)]), D_MODEL * D_MODEL),
+], ids=["talking_heads", "general_bilinear"])
+def test_query_scaling_lives_in_the_query_kernel_initializer(make_layer, q_fan):
+  """0.1.21 draws q with variance 1 / (d_model * d_k) and does not rescale q at run time."""
+  stddevs = []
+  truncated_normal = tf.truncated_normal_initializer
+
+  def recording(stddev=1.0, **kwargs):
+    stddevs.append(stddev)
+    return truncated_normal(stddev=stddev, **kwargs)
+  with mock.patch.object(tf, "truncated_normal_initializer", recording):
+    lower_and_evaluate(lambda mesh: [_self_attention_build(make_layer())(mtf.zeros(mesh, X_SHAPE))])
+  assert stddevs[0] == pytest.approx(q_fan ** -0.5)  # q is the first variable made
+
+
 def test_talking_heads_rejects_heads_roles_reusing_a_name_with_another_size():
   layer = transformer_layers.TalkingHeadsSelfAttention(
       key_heads_dims=[("heads", 4)], softmax_heads_dims=[("heads", 2)], value_heads_dims=[("heads", 2)])
@@ -97,10 +119,10 @@ def test_talking_heads_rejects_heads_roles_reusing_a_name_with_another_size():
 
 def tf_bilinear(x, memory, variables, bias):
   """Bilinear attention: q = x W_q [heads, d_model], k = v = memory."""
-  q = tf.einsum("bld,dhe->blhe", x, variables["layer/q/kernel"]) * D_MODEL ** -0.5
+  q = tf.einsum("bld,dhe->blhe", x, variables["layer/q/kernel"])
   weights = tf.nn.softmax(tf.einsum("blhe,bme->blhm", q, memory) + bias)
   o = tf.einsum("blhm,bme->blhe", weights, memory)
-  return tf.einsum("blhe,hef->blf", o, variables["layer/o/kernel"])
+  return tf.einsum("blhe,hef->blf", o, variables["layer/y/kernel"])
 
 
 def test_general_bilinear_self_attention_uses_the_input_as_keys_and_values():
@@ -110,7 +132,7 @@ def test_general_bilinear_self_attention_uses_the_input_as_keys_and_values():
     return tf_bilinear(x, x, variables, causal_bias(LENGTH)[:, None, :])
   result = check_layer(_self_attention_build(layer), reference, [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE)],
                        "model:2", "heads:model")
-  assert sorted(result.variables) == ["layer/o/kernel", "layer/q/kernel"]
+  assert sorted(result.variables) == ["layer/q/kernel", "layer/y/kernel"]
 
 
 def test_general_bilinear_enc_dec_attention_uses_the_encoder_output_as_keys_and_values():
