@@ -33,6 +33,7 @@ from mesh_tensorflow._lowering.mesh_impl import expand_dims_to as _expand_dims
 from mesh_tensorflow._lowering.tf_helpers import (
     binary_reduction_fn, log_variable_sizes, parallel, pool_fn, reduction_fn,
     transpose_list_of_lists)
+from mesh_tensorflow._ops._checks import verify_no_new_dims
 from mesh_tensorflow._ops.binary import *
 from mesh_tensorflow._ops.binary import _infer_binary_broadcast_shape
 from mesh_tensorflow._ops.checkpoint_hooks import *

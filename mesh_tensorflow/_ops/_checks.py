@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from mesh_tensorflow._core.dims import convert_to_shape
+
 
 def check_same_dtype(op_name: str, tensors: Sequence) -> None:
   if len({x.dtype for x in tensors}) > 1:
@@ -41,3 +43,27 @@ def check_output_has_input_dims(op_name: str, inputs, output_shape) -> None:
           f"{op_name}: output shape {output_shape} lacks {missing} of input {x.name!r} "
           f"({x.shape}); this op does not reduce. Add the dimensions to output_shape, or reduce "
           f"first with mtf.reduce_sum.")
+
+
+def verify_no_new_dims(input_shapes: Sequence, output_shape) -> None:
+  """Raises if `output_shape` has a dimension (name and size) that none of `input_shapes` has.
+
+  For shape rules of ops that can only keep, reorder or drop input dimensions (a transpose, a
+  reduction); upstream's public helper of the same name.
+
+  Args:
+    input_shapes: a list of Shapes (or anything mtf.convert_to_shape accepts).
+    output_shape: a Shape (or anything mtf.convert_to_shape accepts).
+
+  Raises:
+    ValueError: if there are new dimensions in the output; the message names them.
+  """
+  input_shapes = [convert_to_shape(s) for s in input_shapes]
+  output_shape = convert_to_shape(output_shape)
+  input_dims = {d for s in input_shapes for d in s.dims}
+  new_dims = [d for d in output_shape.dims if d not in input_dims]
+  if new_dims:
+    raise ValueError(
+        f"No new dimensions allowed in output: output_shape {output_shape} has {new_dims}, which no "
+        f"input has (input_shapes = {[s.dims for s in input_shapes]}). Dimensions match by name and "
+        f"size: add the dimension to an input (e.g. mtf.broadcast) or remove it from the output.")
