@@ -15,6 +15,7 @@ from mesh_tensorflow.transformer import transformer, utils
 from mesh_tensorflow.transformer import transformer_layers  # noqa: F401  (gin registrations)
 from mesh_tensorflow.transformer.vocabulary import ByteVocabulary
 from tests.harness import MODES, lower_and_evaluate
+from tests.transformer.model_check import gin_config
 
 
 @pytest.mark.parametrize("topology, model_parallelism, ensemble, expected", [
@@ -77,6 +78,20 @@ def test_clean_decodes_pads_everything_after_the_first_eos():
                                    utils.clean_decodes(tf.constant(ids.T), length_axis=0, pad_id=9)])
   assert cleaned.tolist() == [[5, 6, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [3, 3, 3, 3, 3, 3]]
   assert by_column.T.tolist() == [[5, 6, 1, 9, 9, 9], [1, 9, 9, 9, 9, 9], [3, 3, 3, 3, 3, 3]]
+
+
+def test_clean_decodes_accepts_nested_lists_and_numpy_arrays_eagerly():
+  with tf.Graph().as_default(), tf.Session() as sess:
+    from_list = sess.run(utils.clean_decodes([[5, 1, 7], [1, 2, 1]]))
+  assert from_list.tolist() == [[5, 1, 0], [1, 0, 0]]
+  cleaned = utils.clean_decodes(np.array([4, 2, 4, 2], np.int64), eos_id=2, pad_id=9)  # eager
+  assert cleaned.dtype == tf.int64
+  assert cleaned.numpy().tolist() == [4, 2, 9, 9]
+
+
+def test_clean_decodes_is_gin_configurable_under_upstreams_name():
+  with gin_config("utils.clean_decodes.pad_id = 7"):
+    assert utils.clean_decodes([[3, 1, 3, 3]]).numpy().tolist() == [[3, 1, 7, 7]]
 
 
 def _text2self_reference(inputs, targets, in_seg, tg_seg):

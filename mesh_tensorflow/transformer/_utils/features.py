@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import gin
 import numpy as np
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import vocabulary as vocab_lib
+from mesh_tensorflow.transformer._utils import GIN_MODULE
 
 _MODEL_FEATURES = [
     "inputs", "inputs_position", "inputs_segmentation", "targets", "targets_position",
@@ -21,9 +23,20 @@ def _filter_features(ex: dict) -> dict:
   return {k: v for k, v in ex.items() if k in _MODEL_FEATURES}
 
 
-def clean_decodes(ids: tf.Tensor, eos_id: int = 1, pad_id: int = 0, length_axis: int = -1) -> tf.Tensor:
-  """Replaces everything after the first EOS along `length_axis` with pad_id (the EOS itself stays)."""
-  is_eos = tf.cast(tf.equal(ids, eos_id), tf.int32)
+@gin.configurable(module=GIN_MODULE)
+def clean_decodes(ids, eos_id: int = 1, pad_id: int = 0, length_axis: int = -1) -> tf.Tensor:
+  """Replaces everything after the first EOS along `length_axis` with pad_id (the EOS itself stays).
+
+  Args:
+    ids: int ids: a Tensor, or anything tf.convert_to_tensor accepts (nested lists, numpy arrays).
+    eos_id: the EOS id.
+    pad_id: the id written after the first EOS.
+    length_axis: the axis along which sequences run.
+  Returns:
+    An int Tensor of ids with the dtype and shape of `ids`.
+  """
+  ids = tf.convert_to_tensor(ids)
+  is_eos = tf.cast(tf.equal(ids, tf.cast(eos_id, ids.dtype)), tf.int32)
   after_eos = tf.cumsum(is_eos, axis=length_axis, exclusive=True) > 0
   return tf.where_v2(after_eos, tf.cast(pad_id, ids.dtype), ids)
 
