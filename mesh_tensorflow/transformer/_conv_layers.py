@@ -1,9 +1,11 @@
 """Causal 1-D convolution layers over the length dimension, with incremental-decoding states.
 
 Re-exported (and gin-registered) as `mesh_tensorflow.transformer.transformer_layers.<Name>`.
-In decoding, a convolution keeps as its state the last inputs it saw (dim
-`<length>_filter_width`): "first_part" records the inputs before `initial_position`, each
-"incremental" step shifts the window by one and appends the current input.
+x is [batch..., length, channels]: the layers take the length dim from x. In decoding, a
+convolution keeps as its state the last inputs it saw (window dim `<length>_filter_width` when
+recorded here; a state whose window dim has another name, e.g. 0.1.21's `length`, is read the
+same): "first_part" records the inputs before `initial_position`, each "incremental" step
+shifts the window by one and appends the current input.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class Conv1D(transformer.TransformerLayer):
 
     x is [batch..., length, channels]; the state is [batch..., <length>_filter_width, channels].
     """
-    length_dim = x.shape.get_dim_by_name(length_dim_name)
+    length_dim = x.shape.dims[-2]
     filter_dim = mtf.Dimension(length_dim_name + "_filter_width", filter_size)
     # Positions before 0 select nothing (gather is a one-hot einsum), so the state is zero-padded.
     indices = context.initial_position - filter_size + mtf.range(x.mesh, filter_dim, tf.int32)
@@ -47,9 +49,16 @@ class Conv1D(transformer.TransformerLayer):
 
   def record_states_incremental_mode(self, context, x: mtf.Tensor, filter_size: int,
                                      length_dim_name: str = "length") -> mtf.Tensor:
-    """The window ending at the current input x [batch..., channels]; recorded as the new state."""
+    """The window ending at the current input x [batch..., channels]; recorded as the new state.
+
+    The state's window is its second-last dim, whatever its name.
+    """
     old_state, = context.get_states(1)
-    filter_dim = old_state.shape.get_dim_by_name(length_dim_name + "_filter_width")
+    filter_dim = old_state.shape.dims[-2]
+    if filter_dim.size != filter_size:
+      raise ValueError(f"{type(self).__name__}: the decoding state {old_state.shape} has a window dim "
+                       f"{filter_dim} of size {filter_dim.size}, but the filter needs {filter_size} "
+                       f"inputs; record the state with the same layer in 'first_part' mode.")
     last = mtf.constant(x.mesh, filter_size - 1, shape=mtf.Shape(x.shape.dims[:-1]), dtype=tf.int32)
     state = self.update_state(old_state, x, last, filter_dim, context.activation_dtype)
     context.record_new_states([state])
@@ -71,8 +80,8 @@ class Conv1DLayer(Conv1D):
 
   Variable `conv2d/kernel` [1, filter_size, d_model, output_size] (glorot-uniform; float32
   master, x's dtype in the computation). Packed sequences are not separated: information may
-  cross example boundaries. Reads only context.mode, length_dim, initial_position,
-  activation_dtype and the states, so a stand-in context works.
+  cross example boundaries. Reads only context.mode, activation_dtype (and, decoding,
+  initial_position and the states), so a stand-in context works.
   """
 
   def __init__(self, filter_size: int, output_size: int, activation: str = "linear"):
@@ -87,7 +96,7 @@ class Conv1DLayer(Conv1D):
     if context.mode == "incremental":
       x = self.record_states_incremental_mode(context, x, self.filter_size)
     else:
-      x = mtf.pad(x, [self.filter_size - 1, 0], context.length_dim.name)
+      x = mtf.pad(x, [self.filter_size - 1, 0], x.shape.dims[-2].name)
     channels = x.shape.dims[-1]
     x = mtf.rename_dimension(x, channels.name, "_" + channels.name)  # the kernel holds in and out channels
     y = mtf.layers.conv1d(x, output_dim=output_dim, filter_size=self.filter_size, padding="VALID",

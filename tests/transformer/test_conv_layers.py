@@ -3,6 +3,7 @@ LocalConvAttnBlock and the Conv1D decoding-state helpers, against plain-TF refer
 
 from __future__ import annotations
 
+import collections
 from unittest import mock
 
 import numpy as np
@@ -190,3 +191,83 @@ def test_conv_layers_run_with_a_stand_in_context_in_full_and_incremental_modes(m
   full, step, new_state = lower_and_evaluate(build)
   np.testing.assert_allclose(step, full[:, t], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(new_state, x[:, t - 1:t + 1])
+
+
+MinimalContext = collections.namedtuple("MinimalContext", ["inputs", "activation_dtype", "mode"])
+
+
+def _tf_causal_conv(x, variables):
+  return tf.nn.conv1d(tf.pad(x, [[0, 0], [2, 0], [0, 0]]), variables["layer/conv2d/kernel"][0], 1, "VALID")
+
+
+def _tf_separable_4(x, variables):
+  kernels = [variables[SEPARABLE + "depthwise_conv_hack/depthwise_dense_%d/kernel" % i] for i in range(4)]
+  return tf_separable(x, kernels, variables)
+
+
+@pytest.mark.parametrize("make_layer,conv_fn", [
+    (lambda: transformer_layers.Conv1DLayer(filter_size=3, output_size=2), _tf_causal_conv),
+    (lambda: transformer_layers.SeparableConv1DLayer(min_relative_pos=-2, max_relative_pos=1, output_size=2),
+     _tf_separable_4),
+], ids=["conv1d", "separable"])
+def test_conv_layers_take_the_length_from_x_with_a_context_of_inputs_dtype_and_mode(make_layer, conv_fn):
+  """0.1.21's own tests call the layers with only these three context fields."""
+  layer = make_layer()
+
+  def build(x):
+    inputs = mtf.ones(x.mesh, x.shape - x.shape.dims[-1], dtype=tf.int32)
+    return call_layer(layer, MinimalContext(inputs, tf.float32, "train"), x)
+  result = check_layer(build, conv_fn, [(_x(), X_SHAPE)], "batch:2", "batch:batch")
+  assert np.shape(result.y) == (BATCH, LENGTH, 2)
+
+
+@pytest.mark.parametrize("window_name", ["length", "length_filter_width", "filter"])
+def test_incremental_mode_reads_a_state_whatever_its_window_dim_is_named(window_name):
+  """A state stored as 0.1.21 stores it ([batch, length=filter_size, d_model]) decodes the same."""
+  filter_size, output_size = 3, 2
+  state = RNG.randn(BATCH, filter_size, D_MODEL).astype(np.float32)
+  x = RNG.randn(BATCH, D_MODEL).astype(np.float32)
+  conv_kernel = RNG.randn(1, filter_size, D_MODEL, output_size).astype(np.float32)
+  depthwise = [RNG.randn(D_MODEL).astype(np.float32) for _ in range(filter_size)]
+  pointwise = RNG.randn(D_MODEL, output_size).astype(np.float32)
+  window = np.concatenate([state[:, 1:], x[:, None]], axis=1)
+
+  def build(mesh):
+    step_state = mtf.import_tf_tensor(mesh, tf.constant(state),
+                                      shape=f"batch:2;{window_name}:{filter_size};d_model:4")
+    xt = mtf.import_tf_tensor(mesh, tf.constant(x), shape="batch:2;d_model:4")
+    outputs = []
+    for name, layer in (("conv", transformer_layers.Conv1DLayer(filter_size, output_size)),
+                        ("separable", transformer_layers.SeparableConv1DLayer(-2, 0, output_size))):
+      context = make_context(mtf.zeros(mesh, X_SHAPE), model_stub(D_MODEL), mode="incremental",
+                             states=[step_state])
+      with tf.variable_scope(name):
+        if name == "conv":
+          outputs.append(layer.call(context, xt))
+        else:  # pointwise kernel through mtf.layers.get_dense_kernel_weights, as in 0.1.21's test
+          kernels = [mtf.import_tf_tensor(mesh, tf.constant(k), shape="d_model:4") for k in depthwise]
+          with mock.patch.object(mtf.layers, "get_dense_kernel_weights") as get_kernel:
+            get_kernel.return_value = mtf.import_tf_tensor(mesh, tf.constant(pointwise),
+                                                           shape="_d_model:4;d_model:2")
+            outputs.append(layer.call(context, xt, all_kernel_wts=kernels))
+      outputs.append(context.new_states[0])
+    return outputs
+  with mock.patch.object(tf, "glorot_uniform_initializer",
+                         return_value=shape_keyed_initializer({conv_kernel.shape: conv_kernel})):
+    conv_y, conv_state, separable_y, separable_state = lower_and_evaluate(build)
+  np.testing.assert_allclose(conv_y, np.einsum("bld,hldo->bo", window, conv_kernel), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(separable_y, np.einsum("bld,ld->bd", window, np.array(depthwise)) @ pointwise,
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(conv_state, window)
+  np.testing.assert_allclose(separable_state, window)
+
+
+def test_incremental_mode_rejects_a_state_window_of_the_wrong_size():
+  layer = transformer_layers.Conv1DLayer(filter_size=3, output_size=D_MODEL)
+
+  def build(mesh):
+    state = mtf.zeros(mesh, "batch:2;length:2;d_model:4")
+    context = make_context(mtf.zeros(mesh, X_SHAPE), model_stub(D_MODEL), mode="incremental", states=[state])
+    return [layer.call(context, mtf.zeros(mesh, "batch:2;d_model:4"))]
+  with pytest.raises(ValueError, match="window dim .*length.* of size 2, but the filter needs 3"):
+    lower_and_evaluate(build)
