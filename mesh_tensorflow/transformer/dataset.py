@@ -49,65 +49,77 @@ def _check_features(dataset: Dataset, keys: Sequence[str], caller: str) -> None:
 @gin.configurable
 def pack_dataset(dataset: Dataset, length: Length, keys: Sequence[str] | None = None,
                  use_custom_ops: bool = False) -> Dataset:
-  """Greedily packs consecutive examples into examples of fixed `length` (pure TF ops).
+  """Greedily packs consecutive examples into examples of fixed `length` (pure TF ops), as upstream.
 
+  Each example is first truncated to `length` (its EOS may be cut); an example is never split.
   For each packed key k the output has int32 features k, k_segmentation (1-based id of the example
   within the packed example, 0 on padding) and k_position (0-based position within that example).
-  An example joins the current packed example when all its keys still fit, else it starts a new
-  one. An example longer than `length` is split into `length`-sized pieces, each its own segment.
-  Features not in `keys` are dropped. Example with length 10:
+  Examples are taken in groups of max(length) and packed within a group: an example joins the
+  current packed example when all its keys still fit, else it starts a new one. Features not in
+  `keys` are dropped. Example with length 10:
     {"inputs": [8, 7, 1], "targets": [4, 1]} and {"inputs": [2, 3, 4, 1], "targets": [5, 6, 1]}
     -> inputs               [8, 7, 1, 2, 3, 4, 1, 0, 0, 0]
        inputs_segmentation  [1, 1, 1, 2, 2, 2, 2, 0, 0, 0]
        inputs_position      [0, 1, 2, 0, 1, 2, 3, 0, 0, 0]
        targets              [4, 1, 5, 6, 1, 0, 0, 0, 0, 0]   (targets_segmentation [1, 1, 2, 2, 2, 0...])
 
+  Id 0 is padding, as upstream: a (truncated) sequence with n non-zero ids contributes its first n
+  ids, a zero id inside it gets segmentation 0, and segment ids count, per key, the non-empty
+  sequences of the packed example (so an empty feature takes no segment id in that key).
+
   Args:
     dataset: examples as dicts of 1-D int sequences.
     length: an int, or a dict {key: int}.
     keys: the features to pack (default: all).
-    use_custom_ops: accepted for gin compatibility (upstream's tensor2tensor C++ packer); the TF-op
-      packer gives the same result, so it is always used.
+    use_custom_ops: accepted for gin compatibility. Upstream then used tensor2tensor's C++ packing
+      op (1 or 2 keys), which packs more densely (an example may go into an earlier packed example
+      that still has room); that op is not available, so the TF-op packer is always used.
   Returns:
     The packed dataset.
   """
-  del use_custom_ops  # same result as the TF-op packer; see Args
-  keys = list(keys) if keys else list(tf.data.get_output_shapes(dataset))
+  keys = list(tf.data.get_output_shapes(dataset)) if keys is None else list(keys)
+  if not keys:
+    raise ValueError("pack_dataset: keys is empty; pass the features to pack, or None for all")
+  if use_custom_ops and len(keys) <= 2:
+    tf.logging.warning("pack_dataset: use_custom_ops=True: tensor2tensor's packing op is not available; "
+                       "packing with TF ops (consecutive examples only, less dense).")
   _check_features(dataset, keys, "pack_dataset")
   lengths = [_feature_length(length, k) for k in keys]
-  chunks = dataset.flat_map(lambda ex: Dataset.from_tensor_slices(_split_into_chunks(ex, keys, lengths)))
-  # A batch of max(lengths) pieces fills at least one packed example whenever pieces are non-empty.
-  batches = chunks.batch(max(lengths))
+  pieces = dataset.map(lambda ex: _truncate(ex, keys, lengths), num_parallel_calls=_AUTOTUNE)
+  # A batch of max(lengths) non-empty examples fills at least one packed example.
+  batches = pieces.batch(max(lengths))
   return batches.map(lambda values, sizes: _pack_batch(values, sizes, keys, lengths),
                      num_parallel_calls=_AUTOTUNE).unbatch()
 
 
-def _split_into_chunks(example, keys, lengths):
-  """One example -> (values {k: [n, length_k]}, sizes [n, num_keys]): n pieces of at most length_k tokens."""
-  sizes = [tf.size(example[k]) for k in keys]
-  num_chunks = tf.maximum(1, tf.reduce_max([-(-s // n) for s, n in zip(sizes, lengths)]))
-  values, chunk_sizes = {}, []
-  for k, size, n in zip(keys, sizes, lengths):
-    v = tf.cast(example[k], tf.int32)
-    values[k] = tf.reshape(tf.pad(v, [[0, num_chunks * n - size]]), [num_chunks, n])
-    chunk_sizes.append(tf.clip_by_value(size - tf.range(num_chunks) * n, 0, n))
-  return values, tf.stack(chunk_sizes, axis=1)
+def _truncate(example, keys, lengths):
+  """One example -> (values {k: [length_k]} zero-padded, sizes [num_keys]): each key cut to length_k.
+
+  A key's size is its number of non-zero ids after the cut (upstream's rule: ids past it are dropped).
+  """
+  values, sizes = {}, []
+  for k, n in zip(keys, lengths):
+    v = tf.cast(example[k][:n], tf.int32)
+    values[k] = tf.reshape(tf.pad(v, [[0, n - tf.size(v)]]), [n])
+    sizes.append(tf.math.count_nonzero(v, dtype=tf.int32))
+  return values, tf.stack(sizes)
 
 
 def _pack_batch(values, sizes, keys, lengths):
-  """Packs a batch of pieces ({k: [b, length_k]}, sizes [b, num_keys]) into {k...: [num_packed, length_k]}."""
+  """Packs a batch of examples ({k: [b, length_k]}, sizes [b, num_keys]) into {k...: [packed, length_k]}.
+
+  Only the first sizes[:, i] ids of an example's key i are packed.
+  """
   capacity = tf.constant(lengths, tf.int32)
 
   def place(state, size):
-    packed_index, used, segment = state
+    packed_index, used = state
     fits = tf.reduce_all(used + size <= capacity)
-    return (tf.where_v2(fits, packed_index, packed_index + 1),
-            tf.where_v2(fits, used + size, size),
-            tf.where_v2(fits, segment + 1, 1))
+    return (tf.where_v2(fits, packed_index, packed_index + 1), tf.where_v2(fits, used + size, size))
 
-  init = (tf.constant(0), tf.zeros([len(keys)], tf.int32), tf.constant(0))
-  packed_index, used, segment = tf.scan(place, sizes, initializer=init)
-  offsets = used - sizes  # where each piece starts in its packed example
+  init = (tf.constant(0), tf.zeros([len(keys)], tf.int32))
+  packed_index, used = tf.scan(place, sizes, initializer=init)
+  offsets = used - sizes  # where each example starts in its packed example
   num_packed = packed_index[-1] + 1
   out = {}
   for i, (k, n) in enumerate(zip(keys, lengths)):
@@ -117,11 +129,13 @@ def _pack_batch(values, sizes, keys, lengths):
                        offsets[:, i:i + 1] + position], axis=-1)
     target = tf.boolean_mask(target, valid)
     shape = tf.stack([num_packed, n])
-    for name, source in ((k, values[k]), (k + "_position", tf.broadcast_to(position, tf.shape(valid))),
-                         (k + "_segmentation", tf.broadcast_to(segment[:, tf.newaxis], tf.shape(valid)))):
+    for name, source in ((k, values[k]), (k + "_position", tf.broadcast_to(position, tf.shape(valid)))):
       packed = tf.scatter_nd(target, tf.boolean_mask(source, valid), shape)
       packed.set_shape([None, n])
       out[name] = packed
+    # Upstream's segment ids: count the sequence starts (position 0) so far; 0 where the id is 0.
+    starts = tf.cast(tf.equal(out[k + "_position"], 0), tf.int32)
+    out[k + "_segmentation"] = tf.cumsum(starts, axis=1) * tf.cast(tf.not_equal(out[k], 0), tf.int32)
   return out
 
 

@@ -55,19 +55,46 @@ def test_pack_dataset_starts_a_new_example_when_any_key_overflows():
   _assert_packed(ex2, "targets", [8, 8, 1, 3, 0], [1, 1, 1, 2, 0], [0, 1, 2, 0, 0])
 
 
-def test_pack_dataset_splits_examples_longer_than_length():
-  ds = _dataset([{"targets": list(range(2, 13))}, {"targets": [20, 1]}], keys=("targets",))
-  packed = _as_lists(dataset.pack_dataset(ds, 4))
-  assert [ex["targets"] for ex in packed] == [[2, 3, 4, 5], [6, 7, 8, 9], [10, 11, 12, 0], [20, 1, 0, 0]]
-  assert [ex["targets_position"] for ex in packed] == [[0, 1, 2, 3]] * 2 + [[0, 1, 2, 0], [0, 1, 0, 0]]
-  assert [ex["targets_segmentation"] for ex in packed] == [[1, 1, 1, 1]] * 2 + [[1, 1, 1, 0], [1, 1, 0, 0]]
+def test_pack_dataset_truncates_examples_longer_than_length_cutting_their_eos():
+  # Upstream's dataset_test.test_pack_dataset_long_seq: nothing is split, both examples are cut.
+  ds = _dataset([{"inputs": [7, 8, 5, 6, 9, 4, 1], "targets": [3, 9, 1]},
+                 {"inputs": [8, 4, 9, 3, 5, 7, 9, 1], "targets": [4, 1]}])
+  ex1, ex2 = _as_lists(dataset.pack_dataset(ds, {"inputs": 7, "targets": 3}))
+  _assert_packed(ex1, "inputs", [7, 8, 5, 6, 9, 4, 1], [1] * 7, list(range(7)))
+  _assert_packed(ex1, "targets", [3, 9, 1], [1, 1, 1], [0, 1, 2])
+  _assert_packed(ex2, "inputs", [8, 4, 9, 3, 5, 7, 9], [1] * 7, list(range(7)))  # EOS cut
+  _assert_packed(ex2, "targets", [4, 1, 0], [1, 1, 0], [0, 1, 0])
 
 
-def test_pack_dataset_segment_ids_stay_aligned_across_keys_with_an_empty_feature():
+def test_pack_dataset_with_a_length_per_feature_drops_unpacked_features():
+  # Upstream's dataset_test.test_pack_dataset: "idx" is not in keys, so it is dropped.
+  ds = _dataset([{"inputs": [7, 8, 5, 1], "targets": [3, 9, 1], "idx": [0]},
+                 {"inputs": [8, 4, 9, 3, 1], "targets": [4, 1], "idx": [1]}],
+                keys=("inputs", "targets", "idx"))
+  packed = dataset.pack_dataset(ds, length={"inputs": 10, "targets": 7}, keys=("inputs", "targets"))
+  assert tf.data.get_output_shapes(packed)["targets_position"].as_list() == [7]
+  (ex,) = _as_lists(packed)
+  suffixes = ("", "_segmentation", "_position")
+  assert sorted(ex) == sorted(k + suffix for k in ("inputs", "targets") for suffix in suffixes)
+  _assert_packed(ex, "inputs", [7, 8, 5, 1, 8, 4, 9, 3, 1, 0], [1, 1, 1, 1, 2, 2, 2, 2, 2, 0],
+                 [0, 1, 2, 3, 0, 1, 2, 3, 4, 0])
+  _assert_packed(ex, "targets", [3, 9, 1, 4, 1, 0, 0], [1, 1, 1, 2, 2, 0, 0], [0, 1, 2, 0, 1, 0, 0])
+
+
+def test_pack_dataset_treats_zero_ids_as_upstream_does():
+  # A sequence with n non-zero ids contributes its first n ids; a zero id in it gets segment 0.
+  ds = _dataset([{"targets": [5, 0, 6, 1]}, {"targets": [0, 7, 1]}], keys=("targets",))
+  (ex,) = _as_lists(dataset.pack_dataset(ds, 8))
+  _assert_packed(ex, "targets", [5, 0, 6, 0, 7, 0, 0, 0], [1, 0, 1, 0, 2, 0, 0, 0], [0, 1, 2, 0, 1, 0, 0, 0])
+
+
+def test_pack_dataset_segment_ids_count_each_keys_non_empty_sequences_as_upstream():
+  # Upstream numbers segments per key, so an empty feature takes no id: the targets of example 2
+  # get id 1 (the same as in upstream's _pack_with_tf_ops).
   ds = _dataset([{"inputs": [4, 1], "targets": []}, {"inputs": [5, 1], "targets": [6, 1]}])
   (ex,) = _as_lists(dataset.pack_dataset(ds, 6))
   assert ex["inputs_segmentation"] == [1, 1, 2, 2, 0, 0]
-  assert ex["targets_segmentation"] == [2, 2, 0, 0, 0, 0]  # the targets belong to example 2
+  assert ex["targets_segmentation"] == [1, 1, 0, 0, 0, 0]
 
 
 def test_pack_dataset_keys_select_features_and_unknown_keys_are_rejected():
@@ -78,6 +105,8 @@ def test_pack_dataset_keys_select_features_and_unknown_keys_are_rejected():
     dataset.pack_dataset(ds, 3, keys=["answers"])
   with pytest.raises(ValueError, match="no entry for feature 'inputs'"):
     dataset.pack_dataset(ds, {"targets": 3})
+  with pytest.raises(ValueError, match="keys is empty"):
+    dataset.pack_dataset(ds, 3, keys=[])
 
 
 def test_pack_dataset_runs_in_graph_mode_with_many_examples():
@@ -93,7 +122,7 @@ def test_pack_dataset_runs_in_graph_mode_with_many_examples():
           packed.append(sess.run(next_ex))
         except tf.errors.OutOfRangeError:
           break
-  # Reference: greedy packing of each batch of `length` examples (no example is split at length 8).
+  # Reference: greedy packing of each batch of `length` examples (none is longer than 8).
   expected = []
   for start in range(0, len(examples), 8):
     bins = []
