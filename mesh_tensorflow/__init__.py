@@ -15,6 +15,7 @@ from mesh_tensorflow import optimize
 from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import simd_mesh_impl
 from mesh_tensorflow import tpu_variables
+from mesh_tensorflow import tf2
 from mesh_tensorflow import utils
 from mesh_tensorflow.ops_with_redefined_builtins import *
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Callable, Optional
 
@@ -129,6 +130,23 @@ class LaidOutVariable:
 # TF graph -> {name: slice variable}: a second lowering of the same graph reuses its slices.
 _slice_variables = weakref.WeakKeyDictionary()
 
+# The owner of the slice variables lowerings make now (set by slice_variable_owner), or None.
+_slice_variable_owner = []
+
+
+@contextlib.contextmanager
+def slice_variable_owner(make: Callable):
+  """Within it, slice_variable(...) returns make(full_name, shape, dtype, device).
+
+  For an owner that keeps the variables outside the graph being built: mtf.tf2 lowers inside a
+  traced TF function and keeps every variable as an eager tf.Variable of its module.
+  """
+  _slice_variable_owner.append(make)
+  try:
+    yield
+  finally:
+    _slice_variable_owner.pop()
+
 
 def slice_variable(name: str, shape, dtype, device: str):
   """A processor's slice variable, named `name` in the current variable scope, not initialised.
@@ -140,6 +158,8 @@ def slice_variable(name: str, shape, dtype, device: str):
   """
   scope = tf.get_variable_scope().name
   full_name = f"{scope}/{name}" if scope else name
+  if _slice_variable_owner:
+    return _slice_variable_owner[-1](full_name, shape, dtype, device)
   existing = None if tf.executing_eagerly() else _slice_variables.setdefault(tf.get_default_graph(), {})
   if existing is not None and full_name in existing:
     return existing[full_name]

@@ -1,0 +1,1 @@
+"""TF2-native mtf: computations lowered once into TF functions, variables owned by tf.Modules."""
