@@ -32,6 +32,45 @@ class HParams:
     for k, v in kwargs.items():
       setattr(self, k, v)
 
+  def add_hparam(self, name: str, value) -> None:
+    """Sets (or overrides) one hyperparameter, as 0.1.21's HParams.add_hparam does."""
+    setattr(self, name, value)
+
+
+def set_default_moe_hparams(hparams) -> None:
+  """Adds 0.1.21's mixture-of-experts defaults to an HParams-like object (GPT-Neo's entry point).
+
+  Sets `moe_num_experts` = 16 and `moe_loss_coef` = 1e-2 as attributes and adds, through
+  `hparams.add_hparam`, moe_gating "top_2", moe_capacity_factor_train 1.25 / _eval 2.0 /
+  _second_level 1.0, moe_hidden_size 4096, moe_group_size 1024, moe_use_second_place_loss 0,
+  moe_second_policy_train/_eval "random" and moe_second_threshold_train/_eval 0.2. Callers add
+  the rest transformer_moe_layer_v1 reads (e.g. moe_min_expert_capacity) themselves.
+
+  Args:
+    hparams: an object with `add_hparam(name, value)` (e.g. moe.HParams()).
+  """
+  hparams.moe_num_experts = 16
+  hparams.moe_loss_coef = 1e-2
+  for name, value in _DEFAULT_MOE_HPARAMS:
+    hparams.add_hparam(name, value)
+
+
+_DEFAULT_MOE_HPARAMS = (
+    ("moe_gating", "top_2"),
+    # Experts have a fixed capacity per group; the factors (>= 1) leave room for imbalance.
+    ("moe_capacity_factor_train", 1.25),
+    ("moe_capacity_factor_eval", 2.0),
+    ("moe_capacity_factor_second_level", 1.0),
+    ("moe_hidden_size", 4096),
+    ("moe_group_size", 1024),
+    ("moe_use_second_place_loss", 0),
+    # When top-2 gating uses the second expert: "all", "none", "threshold" or "random".
+    ("moe_second_policy_train", "random"),
+    ("moe_second_policy_eval", "random"),
+    ("moe_second_threshold_train", 0.2),
+    ("moe_second_threshold_eval", 0.2),
+)
+
 
 def _check_choice(what: str, value, choices: tuple) -> None:
   if value not in choices:

@@ -1,0 +1,127 @@
+"""moe.set_default_moe_hparams and GPT-Neo's call sequence into transformer_moe_layer_v1 / v2.
+
+GPT-Neo (built on mtf 0.1.18) makes its own HParams-like object, calls set_default_moe_hparams,
+overrides some values with add_hparam and calls transformer_moe_layer_v1 on its activations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import moe
+from tests.harness import lower_and_evaluate
+from tests.transformer.model_check import train_losses
+
+BATCH, LENGTH, D_MODEL = 4, 4, 8
+X = np.random.RandomState(0).randn(BATCH, LENGTH, D_MODEL).astype(np.float32)
+X_SHAPE = f"batch:{BATCH};length:{LENGTH};d_model:{D_MODEL}"
+ORIGINAL_DEFAULTS = {
+    "moe_num_experts": 16, "moe_loss_coef": 1e-2, "moe_gating": "top_2", "moe_capacity_factor_train": 1.25,
+    "moe_capacity_factor_eval": 2.0, "moe_capacity_factor_second_level": 1.0, "moe_hidden_size": 4096,
+    "moe_group_size": 1024, "moe_use_second_place_loss": 0, "moe_second_policy_train": "random",
+    "moe_second_policy_eval": "random", "moe_second_threshold_train": 0.2, "moe_second_threshold_eval": 0.2,
+}
+
+
+class ClientHParams:
+  """A client's own HParams-like object: add_hparam refuses names it already has (as tf HParams)."""
+
+  def __init__(self):
+    self.added = []
+
+  def add_hparam(self, name, value):
+    if hasattr(self, name):
+      raise ValueError(f"hyperparameter {name} already exists")
+    self.added.append(name)
+    setattr(self, name, value)
+
+
+def test_set_default_moe_hparams_adds_the_original_defaults_through_add_hparam():
+  hparams = ClientHParams()
+  moe.set_default_moe_hparams(hparams)
+  assert {name: getattr(hparams, name) for name in ORIGINAL_DEFAULTS} == ORIGINAL_DEFAULTS
+  # moe_num_experts and moe_loss_coef are plain attributes, the rest go through add_hparam.
+  assert sorted(hparams.added) == sorted(set(ORIGINAL_DEFAULTS) - {"moe_num_experts", "moe_loss_coef"})
+
+
+def test_moe_hparams_add_hparam_overrides_like_the_original():
+  hparams = moe.HParams()
+  moe.set_default_moe_hparams(hparams)
+  hparams.add_hparam("moe_num_experts", 4)
+  assert hparams.moe_num_experts == 4 and hparams.moe_gating == "top_2"
+
+
+def _gpt_neo_hparams(**moe_params):
+  """GPT-Neo's sequence: defaults, its two extra hparams, then its model's moe_params."""
+  hparams = moe.HParams()
+  moe.set_default_moe_hparams(hparams)
+  hparams.add_hparam("moe_min_expert_capacity", 1)
+  hparams.add_hparam("moe_use_experts_attention", False)
+  overrides = dict(moe_num_experts=4, moe_hidden_size=16, moe_group_size=8, moe_dropout_rate=0.0)
+  overrides.update(moe_params)
+  for name, value in overrides.items():
+    hparams.add_hparam(name, value)
+  return hparams
+
+
+def _gpt_neo_moe_v1(mesh, mesh_shape, layout, train=True):
+  x = mtf.import_tf_tensor(mesh, tf.constant(X), shape=X_SHAPE)
+  output, aux_loss = moe.transformer_moe_layer_v1(
+      x, x.shape[-1], _gpt_neo_hparams(), train=train, mesh_shape=mesh_shape, layout=layout,
+      activation="relu", variable_dtype=mtf.VariableDType(tf.float32), num_microbatches=1)
+  return x, output, aux_loss
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("b:2", "batch:b"),
+                                               ("b:2;e:2", "batch:b;experts:e")])
+def test_gpt_neo_call_sequence_builds_a_moe_layer_v1(mesh_shape, layout):
+  def build(mesh):
+    x, output, aux_loss = _gpt_neo_moe_v1(mesh, mtf.convert_to_shape(mesh_shape), layout, train=False)
+    assert output.shape == x.shape
+    assert aux_loss.shape.dims == []
+    return [output, aux_loss]
+  output, aux_loss = lower_and_evaluate(build, mesh_shape, layout)
+  assert output.shape == X.shape and np.all(np.isfinite(output))
+  # top-2 routing of 4 groups of 4 tokens among 4 experts: some token reaches an expert.
+  assert np.abs(output).max() > 0
+  assert np.isfinite(aux_loss) and aux_loss > 0
+
+
+def test_gpt_neo_moe_layer_v1_trains():
+  """A regression loss through the GPT-Neo-built MoE layer (plus its aux loss) falls under SGD."""
+  target = np.tanh(X[..., ::-1]).copy()
+
+  def build_loss(mesh):
+    _, output, aux_loss = _gpt_neo_moe_v1(mesh, mtf.convert_to_shape("b:2"), "batch:b")
+    y = mtf.import_tf_tensor(mesh, tf.constant(target), shape=X_SHAPE)
+    return mtf.reduce_mean(mtf.square(output - y)) + aux_loss
+  losses = train_losses(build_loss, steps=6, mesh_shape="b:2", layout="batch:b", learning_rate=0.5)
+  assert losses[-1] < losses[0] * 0.9, losses
+
+
+def test_gpt_neo_style_call_with_a_named_output_dim_and_a_tf_dtype():
+  """One GPT-Neo model passes output_dim=Dimension("moe_out", n_embd) and variable_dtype=tf.float32."""
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(X), shape=X_SHAPE)
+    output, _ = moe.transformer_moe_layer_v1(
+        x, mtf.Dimension("moe_out", D_MODEL), _gpt_neo_hparams(), train=True, mesh_shape="b:2",
+        layout="batch:b", variable_dtype=tf.float32)
+    assert output.shape.dimension_names == ["batch", "length", "moe_out"]
+    return [output]
+  output, = lower_and_evaluate(build, "b:2", "batch:b")
+  assert output.shape == X.shape
+
+
+def test_set_default_moe_hparams_then_a_two_level_moe_layer_v2():
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(X), shape=X_SHAPE)
+    hparams = _gpt_neo_hparams(moe_num_experts=[2, 2])
+    output, aux_loss = moe.transformer_moe_layer_v2(
+        x, x.shape[-1], hparams, train=False, variable_dtype=mtf.VariableDType(tf.float32))
+    assert output.shape == x.shape
+    return [output, aux_loss]
+  output, aux_loss = lower_and_evaluate(build)
+  assert output.shape == X.shape and np.all(np.isfinite(output)) and np.isfinite(aux_loss)
