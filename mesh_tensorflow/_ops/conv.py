@@ -24,6 +24,7 @@ __all__ = [
     "conv2d_backprop_input", "conv2d_backprop_filter", "conv3d_backprop_input", "conv3d_backprop_filter",
     "conv2d_transpose_backprop_input", "conv2d_transpose_backprop_filter",
     "conv3d_transpose_backprop_input", "conv3d_transpose_backprop_filter",
+    "conv3d_backprop_filter_v2", "conv3d_backprop_input_v2",
 ]
 
 _SPATIAL_ROLES = {2: ("h", "w"), 3: ("d", "h", "w")}
@@ -394,3 +395,91 @@ conv2d_transpose_backprop_input = _backprop_input(2, True)
 conv2d_transpose_backprop_filter = _backprop_filter(2, True)
 conv3d_transpose_backprop_input = _backprop_input(3, True)
 conv3d_transpose_backprop_filter = _backprop_filter(3, True)
+
+
+# ---- upstream's conv3d_backprop_*_v2 names ----
+#
+# 0.1.21's ops module imported TensorFlow's conv3d_backprop_filter_v2 / conv3d_backprop_input_v2,
+# and `from ops import *` made them `mtf.<name>`: clients call them with TF tensors and TF's
+# arguments. They keep doing exactly that here; given mtf Tensors, the same call builds the mtf op.
+
+def _v2_is_mtf(op_name: str, tensors: dict) -> bool:
+  """True if every tensor argument is an mtf Tensor, False if none is; mixing them raises."""
+  kinds = {name: isinstance(t, Tensor) for name, t in tensors.items()}
+  if len(set(kinds.values())) > 1:
+    raise ValueError(
+        f"{op_name}: {', '.join(n for n, m in kinds.items() if m)} are mtf Tensors but "
+        f"{', '.join(n for n, m in kinds.items() if not m)} are not; pass all mtf Tensors (the mtf "
+        f"op; sizes as an mtf Shape) or all TensorFlow tensors (TensorFlow's op).")
+  return all(kinds.values())
+
+
+def _check_v2_mtf_options(op_name: str, data_format: str, dilations) -> None:
+  if data_format != "NDHWC":
+    raise ValueError(f"{op_name}: on mtf Tensors only data_format='NDHWC' (channels last) is supported, "
+                     f"got {data_format!r}; transpose the tensors' dimensions instead.")
+  if list(dilations) != [1] * 5:
+    raise ValueError(f"{op_name}: on mtf Tensors dilations must be [1, 1, 1, 1, 1], got {list(dilations)!r}.")
+
+
+def conv3d_backprop_filter_v2(input, filter_sizes, out_backprop, strides, padding: str,
+                              data_format: str = "NDHWC", dilations=(1, 1, 1, 1, 1), name=None):
+  """Gradient of a 3-D convolution with respect to its filter (upstream's `mtf.` name for TF's op).
+
+  With TensorFlow tensors this is `tf.compat.v1.nn.conv3d_backprop_filter_v2` (what 0.1.21's
+  `mtf.conv3d_backprop_filter_v2` was), TF gradient included. With mtf Tensors it is
+  `mtf.conv3d_backprop_filter(input, filter_sizes, out_backprop, strides, padding, name)`: batch and
+  channel dims may be split, spatial dims stay whole (partition space with blocks dims and
+  halo_exchange); like upstream's mtf backprop ops it has no gradient.
+
+  Args:
+    input: the convolution's input, [...batch, d, h, w, in].
+    filter_sizes: the filter's shape: an mtf Shape [fd, fh, fw, in, out] for mtf Tensors, else
+      TF's int32 1-D tensor.
+    out_backprop: d(loss)/d(conv output), [...batch, d', h', w', out].
+    strides: the full stride list [1, sd, sh, sw, 1].
+    padding: "SAME" or "VALID".
+    data_format: TF's; mtf Tensors need "NDHWC".
+    dilations: TF's; mtf Tensors need all ones.
+    name: an optional op name.
+  Returns:
+    d(loss)/d(filter), an mtf Tensor of shape `filter_sizes` or a tf.Tensor.
+  """
+  op_name = "conv3d_backprop_filter_v2"
+  if not _v2_is_mtf(op_name, {"input": input, "out_backprop": out_backprop}):
+    return tf.nn.conv3d_backprop_filter_v2(input, filter_sizes, out_backprop, strides, padding,
+                                           data_format=data_format, dilations=list(dilations), name=name)
+  _check_v2_mtf_options(op_name, data_format, dilations)
+  return conv3d_backprop_filter(input, filter_sizes, out_backprop, strides, padding, name=name)
+
+
+def conv3d_backprop_input_v2(input_sizes, filter, out_backprop, strides, padding: str,
+                             data_format: str = "NDHWC", dilations=(1, 1, 1, 1, 1), name=None):
+  """Gradient of a 3-D convolution with respect to its input (upstream's `mtf.` name for TF's op).
+
+  With TensorFlow tensors this is TF's Conv3DBackpropInputV2 op (what 0.1.21's
+  `mtf.conv3d_backprop_input_v2` was, from gen_nn_ops), TF gradient included. With mtf Tensors it
+  is `mtf.conv3d_backprop_input(input_sizes, filter, out_backprop, strides, padding, name)`; a split
+  `out` channel dim leaves partial sums that are allreduced lazily; no gradient, as upstream's mtf
+  backprop ops.
+
+  Args:
+    input_sizes: the convolution input's shape: an mtf Shape [...batch, d, h, w, in] for mtf
+      Tensors, else TF's int 1-D tensor.
+    filter: the filter, [fd, fh, fw, in, out].
+    out_backprop: d(loss)/d(conv output), [...batch, d', h', w', out].
+    strides: the full stride list [1, sd, sh, sw, 1].
+    padding: "SAME" or "VALID".
+    data_format: TF's; mtf Tensors need "NDHWC".
+    dilations: TF's; mtf Tensors need all ones.
+    name: an optional op name.
+  Returns:
+    d(loss)/d(input), an mtf Tensor of shape `input_sizes` or a tf.Tensor.
+  """
+  op_name = "conv3d_backprop_input_v2"
+  if not _v2_is_mtf(op_name, {"filter": filter, "out_backprop": out_backprop}):
+    return tf.raw_ops.Conv3DBackpropInputV2(
+        input_sizes=input_sizes, filter=filter, out_backprop=out_backprop, strides=list(strides),
+        padding=padding, data_format=data_format, dilations=list(dilations), name=name)
+  _check_v2_mtf_options(op_name, data_format, dilations)
+  return conv3d_backprop_input(input_sizes, filter, out_backprop, strides, padding, name=name)

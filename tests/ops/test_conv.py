@@ -222,3 +222,106 @@ def test_conv3d_backprop_along_split_depth_raises():
   with pytest.raises(ValueError,
                      match="Conv2or3dBackpropInputOperation 'conv3d_backprop' can't split dimension 'd'"):
     lower_and_evaluate(build, "all:2", "d:all")
+
+
+# ---- conv3d_backprop_filter_v2 / conv3d_backprop_input_v2 (upstream's mtf names for TF's ops) ----
+
+V2_X_SHAPE = "b:4;d_blocks:2;d:4;h:4;w:4;c:4"  # d_blocks: a blocks dim, as spatial partitioning lays out
+
+
+def _v2_case(padding: str, stride: int):
+  """x [b, d_blocks, d, h, w, c], filter [3, 3, 3, c, o], dy [b, d_blocks, d', h', w', o].
+
+  d' is a size TF and mtf agree on (no partial last window).
+  """
+  rng = np.random.RandomState(3)
+  out = (4 if padding == "SAME" else 2) // stride
+  x = rng.uniform(-1, 1, [4, 2, 4, 4, 4, 4]).astype(np.float32)
+  f = rng.uniform(-1, 1, [3, 3, 3, 4, 4]).astype(np.float32)
+  dy = rng.uniform(-1, 1, [4, 2, out, out, out, 4]).astype(np.float32)
+  return x, f, dy, "b:4;d_blocks:2;" + "".join(f"{r}:{out};" for r in "dhw") + "o:4"
+
+
+def _tf_v2_backprops(x, f, dy, strides, padding):
+  """TensorFlow's own two ops on the same data, the batch and blocks dims flattened into one."""
+  with tf.Graph().as_default(), tf.Session() as sess:
+    flat_x, flat_dy = x.reshape((8,) + x.shape[2:]), dy.reshape((8,) + dy.shape[2:])
+    dw = tf.nn.conv3d_backprop_filter_v2(flat_x, f.shape, flat_dy, strides, padding)
+    dx = tf.raw_ops.Conv3DBackpropInputV2(input_sizes=flat_x.shape, filter=f, out_backprop=flat_dy,
+                                          strides=strides, padding=padding)
+    dx_value, dw_value = sess.run([dx, dw])
+  return dx_value.reshape(x.shape), dw_value
+
+
+@pytest.mark.parametrize("mesh_shape, layout", [
+    ("all:8", ""),
+    ("x:2;y:2;z:2", "b:x;d_blocks:y;o:z"),  # dw: allreduce over x and y; dx: over z
+    ("x:2;y:4", "d_blocks:x;c:y"),          # both outputs sliced along c
+])
+@pytest.mark.parametrize("padding, stride", [("SAME", 1), ("SAME", 2), ("VALID", 1)])
+def test_conv3d_backprop_v2_on_mtf_tensors_equals_tf_ops_under_layouts(mesh_shape, layout, padding, stride):
+  strides = [1, stride, stride, stride, 1]
+  x, f, dy, dy_shape = _v2_case(padding, stride)
+  expected = _tf_v2_backprops(x, f, dy, strides, padding)
+
+  def build(mesh):
+    xm = mtf.import_tf_tensor(mesh, x, V2_X_SHAPE)
+    fm = mtf.import_tf_tensor(mesh, f, "fd:3;fh:3;fw:3;c:4;o:4")
+    dym = mtf.import_tf_tensor(mesh, dy, dy_shape)
+    return [mtf.conv3d_backprop_input_v2(xm.shape, fm, dym, strides, padding),
+            mtf.conv3d_backprop_filter_v2(xm, fm.shape, dym, strides, padding)]
+  for actual, want in zip(lower_and_evaluate(build, mesh_shape, layout), expected):
+    np.testing.assert_allclose(actual, want, rtol=1e-4, atol=1e-4)
+
+
+def test_conv3d_backprop_v2_on_mtf_tensors_in_eager_mode_and_without_gradient():
+  strides, padding = [1, 1, 1, 1, 1], "SAME"
+  x, f, dy, dy_shape = _v2_case(padding, 1)
+  expected = _tf_v2_backprops(x, f, dy, strides, padding)
+
+  def build(mesh):
+    xm = mtf.import_tf_tensor(mesh, x, V2_X_SHAPE)
+    fm = mtf.import_tf_tensor(mesh, f, "fd:3;fh:3;fw:3;c:4;o:4")
+    dym = mtf.import_tf_tensor(mesh, dy, dy_shape)
+    dx = mtf.conv3d_backprop_input_v2(xm.shape, fm, dym, strides, padding, name="dx")
+    dw = mtf.conv3d_backprop_filter_v2(xm, fm.shape, dym, strides, padding, name="dw")
+    assert (dx.operation.name, dw.operation.name) == ("dx", "dw")
+    with pytest.raises(mtf.GradientNotImplementedError, match="has no gradient"):
+      mtf.gradients([mtf.reduce_sum(dw)], [dym])  # as upstream's mtf backprop ops: none
+    return [dx, dw]
+  for actual, want in zip(lower_and_evaluate(build, "x:2;y:4", "b:x;o:y", mode="eager"), expected):
+    np.testing.assert_allclose(actual, want, rtol=1e-4, atol=1e-4)
+
+
+def test_conv3d_backprop_v2_on_tf_tensors_are_tfs_ops_with_tfs_gradients():
+  # 0.1.21's mtf.conv3d_backprop_*_v2 were TensorFlow's functions: TF tensors in, TF's op out.
+  strides, padding = [1, 2, 2, 2, 1], "SAME"
+  x, f, dy, _ = _v2_case(padding, 2)
+  flat_x, flat_dy = x.reshape((8,) + x.shape[2:]), dy.reshape((8,) + dy.shape[2:])
+  expected = _tf_v2_backprops(x, f, dy, strides, padding)
+  w = np.random.RandomState(4).uniform(-1, 1, f.shape).astype(np.float32)
+  with tf.Graph().as_default(), tf.Session() as sess:
+    tx, tdy = tf.constant(flat_x), tf.constant(flat_dy)
+    dw = mtf.conv3d_backprop_filter_v2(tx, f.shape, tdy, strides, padding, name="dw")
+    dx = mtf.conv3d_backprop_input_v2(flat_x.shape, tf.constant(f), tdy, strides, padding, name="dx")
+    assert (dw.op.type, dx.op.type) == ("Conv3DBackpropFilterV2", "Conv3DBackpropInputV2")
+    # dw is linear in dy: d(sum(dw * w))/d(dy) is the convolution of x with w.
+    (grad_dy,) = tf.gradients(tf.reduce_sum(dw * w), [tdy])
+    values = sess.run([dx, dw, grad_dy, tf.nn.conv3d(tx, w, strides, padding)])
+  np.testing.assert_allclose(values[0].reshape(x.shape), expected[0], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(values[1], expected[1], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(values[2], values[3], rtol=1e-4, atol=1e-4)
+
+
+def test_conv3d_backprop_v2_rejects_mixed_tensors_and_tf_only_options_on_mtf_tensors():
+  mesh = mtf.Mesh(mtf.Graph(), "mesh")
+  x = mtf.zeros(mesh, "b:2;d:4;h:4;w:4;c:3")
+  f = mtf.zeros(mesh, "fd:3;fh:3;fw:3;c:3;o:5")
+  dy = mtf.zeros(mesh, "b:2;d:4;h:4;w:4;o:5")
+  strides = [1, 1, 1, 1, 1]
+  with pytest.raises(ValueError, match="out_backprop are mtf Tensors but input are not"):
+    mtf.conv3d_backprop_filter_v2(np.zeros([2, 4, 4, 4, 3], np.float32), f.shape, dy, strides, "SAME")
+  with pytest.raises(ValueError, match="only data_format='NDHWC'"):
+    mtf.conv3d_backprop_input_v2(x.shape, f, dy, strides, "SAME", data_format="NCDHW")
+  with pytest.raises(ValueError, match=r"dilations must be \[1, 1, 1, 1, 1\]"):
+    mtf.conv3d_backprop_filter_v2(x, f.shape, dy, strides, "SAME", dilations=[1, 2, 2, 2, 1])
