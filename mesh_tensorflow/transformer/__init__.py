@@ -7,6 +7,7 @@ optional packages are imported by the functions that need them.
 from mesh_tensorflow.transformer import (
     attention as attention,
     dataset as dataset,
+    evolved_transformer as evolved_transformer,
     learning_rate_schedules as learning_rate_schedules,
     moe as moe,
     t2t_vocabulary as t2t_vocabulary,
