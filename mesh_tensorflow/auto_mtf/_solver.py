@@ -46,8 +46,13 @@ class Solution:
 
   @property
   def key(self) -> tuple:
-    """Order of preference: predicted step time, then memory."""
-    return (self.step_s, self.report.memory.total_bytes if self.report else self.estimated_memory)
+    """Order of preference: predicted step time, then memory, then more split dimensions.
+
+    The last is upstream's tie-break (its objective subtracted the number of assignments): a
+    dimension that a size-1 mesh dimension can take is assigned to it.
+    """
+    memory = self.report.memory.total_bytes if self.report else self.estimated_memory
+    return (self.step_s, memory, -len(self.assignment))
 
   @property
   def step_s(self) -> float:
@@ -78,6 +83,7 @@ class Problem:
         self.conflicts.update(itertools.combinations(sorted(names), 2))
     self.schedule = schedule
     self._reshape_memo = {}
+    self._ceil_table = self._ceil_correction_table(graph)
 
   # --- enumeration -----------------------------------------------------------------------------
   def count_upper_bound(self) -> int:
@@ -103,6 +109,13 @@ class Problem:
     extend(0)
     return np.array(rows, dtype=np.int64).reshape(len(rows), len(self.dims))
 
+  def to_row(self, assignment: dict) -> np.ndarray:
+    """The row of an assignment {dim: mesh dim name} (the inverse of to_assignment)."""
+    row = np.full(len(self.dims), -1)
+    for d, m in assignment.items():
+      row[self._index[d]] = self.mesh_names.index(m)
+    return row
+
   def to_assignment(self, row) -> dict:
     return {d: self.mesh_names[a] for d, a in zip(self.dims, row) if a >= 0}
 
@@ -122,6 +135,28 @@ class Problem:
     sizes = [math.log(d.size) for d in self.mesh_shape.dims]
     return sum(u * s for u, s in zip(uses, sizes)) if uses else 0.0
 
+  def _ceil_correction_table(self, graph) -> np.ndarray:
+    """[dims, mesh axes + 1]: log(n / ceil(n / m)) - log(m) for a dim of size n on an axis of size m.
+
+    Zero where m divides n (every assignment the search enumerates); otherwise it makes a
+    processor's share ceil(n / m) of n, as upstream's evaluate_layout counted it. The last column
+    (index -1: not split) is zero.
+    """
+    sizes = {d.name: d.size for op in graph.operations for t in (*op.inputs, *op.outputs)
+             for d in t.shape.dims}
+    table = np.zeros((len(self.dims), len(self.mesh_names) + 1))
+    for i, name in enumerate(self.dims):
+      for k, m in enumerate(d.size for d in self.mesh_shape.dims):
+        n = sizes[name]
+        if n % m:
+          table[i, k] = math.log(n / -(-n // m)) - math.log(m)
+    return table
+
+  def _log_shrink(self, rows: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """(candidates x groups): log of how many times smaller one processor's share of each group is."""
+    correction = self._ceil_table[np.arange(len(self.dims)), rows]  # rows' -1 picks the zero column
+    return self._log_factor(self._axis_use(rows, groups)) + correction @ groups
+
   def estimate(self, rows: np.ndarray) -> tuple:
     """(estimated step seconds, estimated bytes of memory) per row; inf seconds for unplannable rows."""
     tm = self.time_model
@@ -133,7 +168,7 @@ class Problem:
         full.append(f)
     seconds = np.zeros(len(rows))
     if groups:
-      log_factor = self._log_factor(self._axis_use(rows, np.array(groups).T))
+      log_factor = self._log_shrink(rows, np.array(groups).T)
       seconds += (np.exp(-log_factor) @ np.array(full)) / tm.flops_per_s
     seconds += self._allreduce_seconds(rows) + self._reshape_seconds(rows)
     return seconds, self._memory(rows)
@@ -154,7 +189,7 @@ class Problem:
       return np.zeros(len(rows))
     uses = self._axis_use(rows, np.array(contracted).T)
     n = np.exp(self._log_factor(uses))
-    slice_bytes = np.array(out_bytes) * np.exp(-self._log_factor(self._axis_use(rows, np.array(outs).T)))
+    slice_bytes = np.array(out_bytes) * np.exp(-self._log_shrink(rows, np.array(outs).T))
     bandwidth = np.full(n.shape, np.inf)
     latency = np.zeros(n.shape)
     for k, name in enumerate(self.mesh_names):
@@ -223,7 +258,7 @@ class Problem:
       var_row[key] = var_row.get(key, 0) + t.size * t.dtype.size
     steps = np.unique(np.array(steps), axis=0) if steps else np.zeros((1, len(signatures)))
     groups = np.array([self._indicator(sig) for sig in signatures]).T
-    inverse = np.exp(-self._log_factor(self._axis_use(rows, groups)))  # candidates x signatures
+    inverse = np.exp(-self._log_shrink(rows, groups))  # candidates x signatures
     var_vec = np.zeros(len(signatures))
     for k, b in var_row.items():
       var_vec[k] = b
@@ -232,6 +267,30 @@ class Problem:
       chunk = inverse[start : start + 4096]
       peak[start : start + 4096] = (chunk @ steps.T).max(axis=1) + chunk @ var_vec
     return peak
+
+
+class AnyAssignment:
+  """A LayoutValidator view under which every splittable dimension may go on every mesh dimension.
+
+  A Problem built with it scores assignments the search never enumerates (see estimated_step_s).
+  """
+
+  def __init__(self, validator):
+    self.splittable_mtf_dimension_names = validator.splittable_mtf_dimension_names
+
+  def is_valid_assignment(self, mtf_dimension_name: str, mesh_dimension_name: str) -> bool:
+    del mesh_dimension_name
+    return mtf_dimension_name in self.splittable_mtf_dimension_names
+
+
+def estimated_step_s(problem: Problem, assignment: dict) -> float:
+  """The fast estimate's step time of one assignment, plus the cost model's per-op overhead.
+
+  Works for any assignment of `problem.dims` (a mesh dimension need not divide the dimension: a
+  processor's share is then ceil(n / m)); inf where a reshape's layout change cannot be planned.
+  """
+  seconds, _ = problem.estimate(problem.to_row(assignment)[None])
+  return float(seconds[0]) + len(problem.graph.operations) * problem.time_model.op_overhead_s
 
 
 def search(problem: Problem, memory_limit_bytes: Optional[float] = None, top_k: int = 4) -> Solution:
@@ -251,7 +310,8 @@ def search(problem: Problem, memory_limit_bytes: Optional[float] = None, top_k: 
   fits = np.isfinite(seconds)
   if memory_limit_bytes is not None:
     fits &= memory <= memory_limit_bytes * 1.25  # the estimate is rough; the exact check follows
-  order = [i for i in np.lexsort((memory, seconds)) if fits[i]]
+  num_split = (rows >= 0).sum(axis=1)
+  order = [i for i in np.lexsort((-num_split, memory, seconds)) if fits[i]]
   best, attempts, fitting = None, 0, 0
   for i in order:
     if fitting == top_k or attempts == 4 * top_k:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 
+from absl import logging
+
 from mesh_tensorflow._core.layout import convert_to_layout_rules
 from mesh_tensorflow._cost import model as cost_model
 from mesh_tensorflow.auto_mtf import _solver
@@ -71,15 +73,64 @@ class LayoutOptimizer:
       schedule,
     )
     self.solution: Optional[_solver.Solution] = None
+    self._any_assignment_model: Optional[_solver.Problem] = None  # built by evaluate_layout on demand
 
   def solve(self) -> str:
     """The best layout as a rules string ("a:m2;c:m1"); the Solution is kept in `self.solution`."""
     self.solution = _solver.search(self._model, self._memory_limit_bytes)
     return self.solution.layout_string
 
-  def evaluate_layout(self, layout: str) -> float:
-    """Predicted step time (seconds) of `layout` under the cost model."""
-    return self.cost_report(layout).step_s
+  def evaluate_layout(self, layout) -> float:
+    """Predicted step time (seconds) of `layout`: any assignment, also one the solver never picks.
+
+    A layout the lowering accepts gets the cost model's prediction (`cost_report(...).step_s`).
+    Any other assignment (e.g. a mesh dimension that does not divide the dimension) is scored by
+    the solver's fast estimate, a processor holding ceil(size / mesh size) of a dimension as
+    upstream counted it, plus the same per-op overhead; for an assignment the search enumerates
+    that estimate and the prediction agree up to the communication model.
+    As upstream, rules for dimensions no op may split are skipped with a warning.
+
+    Args:
+      layout: a layout string ("d_ff:m1;heads:m2"), LayoutRules or list of pairs.
+    Returns:
+      Seconds per step (inf where a reshape's layout change cannot be planned at all).
+    Raises:
+      ValueError: a rule names a mesh dimension the mesh lacks, or a dimension twice.
+    """
+    assignment = self._splittable_assignment(layout)
+    try:
+      return self.cost_report(list(assignment.items())).step_s
+    except (ValueError, NotImplementedError):  # the lowering rejects it: score it all the same
+      if self._any_assignment_model is None:
+        model = self._model
+        self._any_assignment_model = _solver.Problem(
+          model.graph, model.mesh_shape, _solver.AnyAssignment(self._memory_estimator.get_layout_validator()),
+          model.outputs, model.time_model, model.schedule,
+        )
+      return _solver.estimated_step_s(self._any_assignment_model, assignment)
+
+  def _splittable_assignment(self, layout) -> dict:
+    """{dim: mesh dim} of `layout`, without (and warning about) dims that no op may split."""
+    validator = self._memory_estimator.get_layout_validator()
+    mesh_names = [d.name for d in self._model.mesh_shape.dims]
+    assignment = {}
+    for dim, mesh_dim in convert_to_layout_rules(layout):
+      if mesh_dim not in mesh_names:
+        raise ValueError(
+          f"evaluate_layout: rule {dim}:{mesh_dim} names mesh dimension {mesh_dim!r}, but the mesh "
+          f"{self._model.mesh_shape} has {mesh_names}; use one of those."
+        )
+      if dim in assignment:
+        raise ValueError(
+          f"evaluate_layout: dimension {dim!r} is given two mesh dimensions ({assignment[dim]} and "
+          f"{mesh_dim}); a dimension is split over at most one. Keep one rule."
+        )
+      if dim not in validator.splittable_mtf_dimension_names:
+        logging.warning("evaluate_layout: skipping %s:%s: no operation of the graph may split %r.",
+                        dim, mesh_dim, dim)
+        continue
+      assignment[dim] = mesh_dim
+    return assignment
 
   def cost_report(self, layout) -> cost_model.CostReport:
     model = self._model

@@ -2,6 +2,8 @@
 
 import io
 
+import pytest
+
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
@@ -89,3 +91,57 @@ def test_a_layout_the_lowering_rejects_is_skipped_for_the_next_best(monkeypatch)
   monkeypatch.setattr(_solver.cost_model, "estimate_cost", reject_full_splits)
   layout = _optimizer().solve()
   assert layout.count(":") == 1
+
+
+def _upstream_optimizer(mesh_shape: str, unstack: bool = False):
+  """Upstream's layout_optimizer_test graph: x1 [a:10, b:5], x2 [b:5, c:20], einsum -> [a, c]."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "my_mesh")
+  x1 = mtf.zeros(mesh, "a:10,b:5")
+  x2 = mtf.zeros(mesh, "b:5,c:20")
+  if unstack:  # upstream's testOptimizeLayoutUnsplittable: a and c become unsplittable
+    mtf.UnstackOperation(x1, mtf.Dimension("a", 10))
+    mtf.UnstackOperation(x2, mtf.Dimension("c", 20))
+  else:
+    mtf.einsum([x1, x2], "a:10,c:20")
+  return _optimizer_for(graph, mesh_shape)
+
+
+def _optimizer_for(graph, mesh_shape: str):
+  return layout_optimizer.LayoutOptimizer(memory_estimator.MemoryEstimator(graph, mesh_shape))
+
+
+def test_evaluate_layout_scores_layouts_the_solver_never_picks_and_the_solution_is_lowest():
+  # Upstream's testOptimizeLayout: a:10 and b:5 do not divide over m1:4, b:5 not over m2:2.
+  optimizer = _upstream_optimizer("m1:4,m2:2")
+  layout = optimizer.solve()
+  assert layout == "a:m2;c:m1"
+  value = optimizer.evaluate_layout(layout)
+  for other in ("a:m1;b:m2", "a:m1;c:m2", "b:m1;a:m2", "b:m1;c:m2", "c:m1;b:m2"):
+    assert value < optimizer.evaluate_layout(other), other
+  assert optimizer.evaluate_layout("c:m1;a:m2") == value
+
+
+def test_a_split_that_does_not_divide_costs_a_ceil_share_like_the_padded_graph():
+  # a:10 over m1:4 leaves ceil(10/4) = 3 rows per processor: the exact prediction for a:12.
+  scored = _upstream_optimizer("m1:4,m2:2").evaluate_layout("a:m1;c:m2")
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "my_mesh")
+  mtf.einsum([mtf.zeros(mesh, "a:12,b:5"), mtf.zeros(mesh, "b:5,c:20")], "a:12,c:20")
+  padded = _optimizer_for(graph, "m1:4,m2:2").evaluate_layout("a:m1;c:m2")
+  assert scored == pytest.approx(padded, rel=1e-12)
+
+
+def test_a_size_one_mesh_dimension_is_assigned_when_a_dimension_can_take_it():
+  # Upstream's testOptimizeLayoutTiebreak: splitting b over m3:1 costs nothing, and upstream prefers it.
+  assert _upstream_optimizer("m1:4,m2:2,m3:1").solve() == "a:m2;b:m3;c:m1"
+
+
+def test_evaluate_layout_skips_rules_for_unsplittable_dimensions_and_rejects_bad_rules():
+  optimizer = _upstream_optimizer("m1:4,m2:2", unstack=True)
+  assert optimizer.solve() == ""
+  assert optimizer.evaluate_layout("a:m1;c:m2") == optimizer.evaluate_layout("")  # skipped, as upstream
+  with pytest.raises(ValueError, match="names mesh dimension 'm9'.*'m1', 'm2'"):
+    optimizer.evaluate_layout("b:m9")
+  with pytest.raises(ValueError, match="'b' is given two mesh dimensions"):
+    optimizer.evaluate_layout("b:m1;b:m2")
