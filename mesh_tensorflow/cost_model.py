@@ -11,6 +11,22 @@ into seconds.
 
 # ruff: noqa: F401
 from mesh_tensorflow._cost.flops import op_flops, per_processor_elements
-from mesh_tensorflow._cost.memory import MemoryReport, estimate_memory
+from mesh_tensorflow._cost.memory import MemoryReport, estimate_memory, variable_slice_bytes
 from mesh_tensorflow._cost.model import CostReport, estimate_cost
-from mesh_tensorflow._cost.time_model import CPU, GPU, PRESETS, TPU, TimeModel, calibrate, get_time_model
+from mesh_tensorflow._cost.time_model import (
+  A100,
+  ACCELERATORS,
+  CPU,
+  GPU,
+  H100,
+  PRESETS,
+  TPU,
+  TPU_V3,
+  TPU_V4,
+  TPU_V5E,
+  Hosts,
+  TimeModel,
+  Torus,
+  calibrate,
+  get_time_model,
+)

@@ -79,7 +79,8 @@ def estimate_cost(
     graph: an mtf Graph on one mesh.
     mesh_shape, layout_rules: as for mtf.dry_run.
     outputs: mtf Tensors kept in memory to the end of the step.
-    time_model: a TimeModel, or a preset name ("cpu", "gpu", "tpu"); default "cpu".
+    time_model: a TimeModel, or a preset name ("cpu", "gpu", "tpu", "tpu_v3", "tpu_v4", "tpu_v5e",
+      "a100", "h100"); default "cpu". A preset's topology gives each mesh dimension its bandwidth.
     scheduler_alg / schedule: the operation order used for the activation peak.
 
   Raises:
@@ -89,10 +90,12 @@ def estimate_cost(
 
   mesh_shape = convert_to_shape(mesh_shape)
   layout_rules = convert_to_layout_rules(layout_rules)
-  tm = time_model_lib.get_time_model(time_model)
+  tm = time_model_lib.get_time_model(time_model).for_mesh(mesh_shape)
   events = dry_run(graph, mesh_shape, layout_rules).events
   op_flops = {op.name: flops_lib.op_flops(op, mesh_shape, layout_rules) for op in graph.operations}
-  memory = memory_lib.estimate_memory(graph, mesh_shape, layout_rules, outputs, scheduler_alg, schedule)
+  memory = memory_lib.estimate_memory(
+    graph, mesh_shape, layout_rules, outputs, scheduler_alg, schedule, events=events
+  )
   comm_s = sum(
     tm.collective_s(e.bytes_per_processor, mesh_dim_names(mesh_shape, e.mesh_axes)) for e in events
   )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Sequence
 
@@ -17,6 +18,10 @@ def build_transformer_graph(
   vocab_size: int = 256,
 ) -> tuple:
   """(mtf Graph, loss) of one training step (loss, gradients, optimizer updates) of a gin Transformer.
+
+  The optimizer is the gin-configured `utils.run.optimizer` (Adafactor in defaults.gin), so its
+  slots count toward memory as training keeps them; `LayerStack.recompute_grads = True` among the
+  bindings rematerialises every layer on the backward pass.
 
   Args:
     gin_files: gin files parsed after the package's defaults.gin; relative paths are looked up
@@ -56,5 +61,29 @@ def build_transformer_graph(
     _, loss = model_fn._call_model(model, features, "train", utils.get_variable_dtype(), compute_loss=True)
     variables = graph.trainable_variables
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-    mtf.optimize.SgdOptimizer(0.01).apply_grads(grads, variables)
+    _optimizer().apply_grads(grads, variables)
   return graph, loss
+
+
+def _optimizer():
+  """The gin-bound `utils.run.optimizer` (defaults.gin: Adafactor), or SGD when none is bound.
+
+  Schedules that follow the training step (Adafactor's default learning and decay rates) become
+  constants: they are scalars, so they change no shape, byte or collective, and a dry run, which
+  lowers in a TF graph of its own, could not read a step tensor made here.
+  """
+  import gin
+
+  import mesh_tensorflow as mtf
+
+  try:
+    reference = gin.query_parameter("utils.run.optimizer")
+  except ValueError:
+    return mtf.optimize.SgdOptimizer(0.01)
+  parameters = inspect.signature(reference.configurable.wrapped).parameters
+  constants = {
+    name: value
+    for name, value in {"learning_rate": 0.01, "decay_rate": 0.8}.items()
+    if name in parameters and parameters[name].default is None
+  }
+  return reference.scoped_configurable_fn(**constants)

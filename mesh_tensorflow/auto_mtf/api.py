@@ -6,6 +6,7 @@ from typing import Iterator, Optional
 
 from mesh_tensorflow._core.dims import Dimension, Shape, convert_to_shape
 from mesh_tensorflow._core.layout import LayoutRules, convert_to_layout_rules
+from mesh_tensorflow._cost.time_model import get_time_model
 from mesh_tensorflow.auto_mtf import layout_optimizer, memory_estimator
 
 
@@ -24,7 +25,8 @@ def layout(
     mesh_shape: a Shape or string, e.g. "batch:2;model:4".
     mtf_outputs: tensors kept to the end of the step (they count toward memory).
     memory_limit_bytes: the most one processor may hold (variables, optimizer state, activations).
-    time_model: a TimeModel or "cpu" / "gpu" / "tpu" (see mesh_tensorflow.cost_model).
+    time_model: a TimeModel or a preset name (see mesh_tensorflow.cost_model.PRESETS); a preset's
+      topology gives each dimension of the mesh its bandwidth and latency.
     num_devices: if given, the number of devices the mesh must cover.
 
   Raises:
@@ -42,7 +44,9 @@ def layout(
     )
   estimator = memory_estimator.MemoryEstimator(mtf_graph, mesh_shape, mtf_outputs)
   optimizer = layout_optimizer.LayoutOptimizer(
-    estimator, memory_limit_bytes=memory_limit_bytes, time_model=time_model
+    estimator,
+    memory_limit_bytes=memory_limit_bytes,
+    time_model=get_time_model(time_model).for_mesh(mesh_shape),
   )
   return convert_to_layout_rules(optimizer.solve())
 
@@ -72,7 +76,9 @@ def layout_and_mesh_shape(
     mesh_shape = Shape([Dimension(f"mesh_{i}", s) for i, s in enumerate(sizes)])
     estimator = memory_estimator.MemoryEstimator(mtf_graph, mesh_shape, mtf_outputs)
     optimizer = layout_optimizer.LayoutOptimizer(
-      estimator, memory_limit_bytes=memory_limit_bytes, time_model=time_model
+      estimator,
+      memory_limit_bytes=memory_limit_bytes,
+      time_model=get_time_model(time_model).for_mesh(mesh_shape),
     )
     try:
       rules = optimizer.solve()
