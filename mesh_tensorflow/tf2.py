@@ -6,3 +6,11 @@
 """
 # ruff: noqa: F401
 from mesh_tensorflow._tf2.module import MeshFunction, MeshModule, TrainStep
+
+
+def __getattr__(name: str):
+  # MtfLayer imports Keras, which `import mesh_tensorflow` should not pay for.
+  if name == "MtfLayer":
+    from mesh_tensorflow._tf2.keras_layer import MtfLayer
+    return MtfLayer
+  raise AttributeError(f"module 'mesh_tensorflow.tf2' has no attribute {name!r}")
