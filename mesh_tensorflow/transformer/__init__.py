@@ -8,6 +8,7 @@ from mesh_tensorflow.transformer import (
     attention as attention,
     dataset as dataset,
     evolved_transformer as evolved_transformer,
+    fixup_layers as fixup_layers,
     learning_rate_schedules as learning_rate_schedules,
     moe as moe,
     t2t_vocabulary as t2t_vocabulary,

@@ -86,8 +86,9 @@ def _relative_attention_bias(layer, context, relative_position, bidirectional: b
 def attention_params(context, kv_dim: mtf.Dimension, num_heads: int, num_memory_heads: int = 0,
                      shared_kv: bool = False, no_query: bool = False, combine_dims: bool = True,
                      keep_query_heads_dims: bool = False,
-                     fold_scaling_into_initializer: bool = True) -> attention.AttentionParams:
-  """AttentionParams for a layer with `num_heads` query heads over d_model.
+                     fold_scaling_into_initializer: bool = True, params_cls=attention.AttentionParams,
+                     **params_kwargs) -> attention.AttentionParams:
+  """AttentionParams (or `params_cls`, given `params_kwargs`) for `num_heads` query heads over d_model.
 
   num_memory_heads: 0 = as many key/value heads as query heads (`heads`); 1 = multi-query
   attention (one shared key/value head); n > 1 = n key/value heads `heads`, each serving
@@ -108,13 +109,13 @@ def attention_params(context, kv_dim: mtf.Dimension, num_heads: int, num_memory_
     memory_heads_dims = [mtf.Dimension("heads", num_memory_heads)]
     query_heads_dims = memory_heads_dims + [mtf.Dimension("query_heads", num_heads // num_memory_heads)]
   model_dim = context.model.model_dim
-  return attention.AttentionParams(
+  return params_cls(
       context.mesh, query_input_dim=model_dim, memory_input_dim=model_dim, output_dim=model_dim,
       key_dim=kv_dim, value_dim=kv_dim, query_heads_dims=query_heads_dims,
       memory_heads_dims=memory_heads_dims, variable_dtype=context.variable_dtype, shared_kv=shared_kv,
       no_query=no_query, ensemble_dim=context.model.ensemble_dim, combine_dims=combine_dims,
       keep_query_heads_dims=keep_query_heads_dims,
-      fold_scaling_into_initializer=fold_scaling_into_initializer)
+      fold_scaling_into_initializer=fold_scaling_into_initializer, **params_kwargs)
 
 
 @gin.configurable(module=GIN_MODULE)
@@ -132,7 +133,8 @@ class SelfAttention(transformer.TransformerLayer):
                shared_kv: bool = False, dropout_rate: float = 0.0, attention_kwargs: Optional[dict] = None,
                relative_attention_type: Optional[str] = None, relative_attention_num_buckets: int = 32,
                attention_func: Optional[str] = None, combine_dims: bool = True,
-               keep_query_heads_dims: bool = False, fold_scaling_into_initializer: bool = True):
+               keep_query_heads_dims: bool = False, fold_scaling_into_initializer: bool = True,
+               z_loss_coeff: Optional[float] = None):
     _check_relative_attention_type(type(self).__name__, relative_attention_type)
     if attention_func not in (None, "hybrid"):
       raise ValueError(f"{type(self).__name__}: unknown attention_func {attention_func!r}; use None (softmax "
@@ -149,6 +151,7 @@ class SelfAttention(transformer.TransformerLayer):
     self.combine_dims = combine_dims
     self.keep_query_heads_dims = keep_query_heads_dims
     self.fold_scaling_into_initializer = fold_scaling_into_initializer
+    self.z_loss_coeff = z_loss_coeff  # see attention.attention
 
   def make_params(self, context) -> attention.AttentionParams:
     return attention_params(
@@ -182,6 +185,8 @@ class SelfAttention(transformer.TransformerLayer):
 
   def attention_kwargs_from_context(self, context) -> dict:
     kwargs = copy.copy(self.attention_kwargs)
+    if self.z_loss_coeff is not None:
+      kwargs["z_loss_coeff"] = self.z_loss_coeff
     kwargs["dropout_rate"] = self.dropout_rate if context.train else 0.0
     kwargs.setdefault("dropout_broadcast_dims", [context.length_dim])
     return kwargs
@@ -366,6 +371,7 @@ def enc_dec_attention(self_attention_layer: SelfAttention, memory_antecedent: mt
   bias = enc_dec_attention_bias(layer, context, params.query_heads_dims, q=q)
   attention_fn = attention_fn or layer.attention_fn
   kwargs = layer.attention_kwargs_from_context(context)
+  kwargs.pop("z_loss_coeff", None)  # the argument (0.1.21 passes the layer's) decides
   if z_loss_coeff is not None:
     kwargs["z_loss_coeff"] = z_loss_coeff
   o = attention_fn(q, k, v, memory_length, layer.kv_dim, layer.kv_dim, bias, context=context, **kwargs)
@@ -384,7 +390,8 @@ class EncDecAttention(SelfAttention):
     return context.encoder_output
 
   def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
-    return enc_dec_attention(self, self._get_memory_antecedent(context), context, x, losses)
+    return enc_dec_attention(self, self._get_memory_antecedent(context), context, x, losses,
+                             z_loss_coeff=self.z_loss_coeff)
 
 
 @gin.configurable(module=GIN_MODULE)

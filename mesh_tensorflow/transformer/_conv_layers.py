@@ -11,15 +11,11 @@ shifts the window by one and appends the current input.
 from __future__ import annotations
 
 import gin
-import numpy as np
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer._attention_layers import GIN_MODULE
-
-CONV_TYPES = ("conv", "lightweight", "dynamic")
-
 
 def _apply_activation(x: mtf.Tensor, activation: str) -> mtf.Tensor:
   return x if activation == "linear" else getattr(mtf, activation)(x)
@@ -155,111 +151,137 @@ class SeparableConv1DLayer(Conv1D):
 
 @gin.configurable(module=GIN_MODULE)
 class Conv1DLocalAttn(SeparableConv1DLayer):
-  """Separable convolution whose depthwise kernel is a softmax over the window, per channel.
+  """Separable convolution whose depthwise kernels are a softmax over the window, per channel.
 
-  Each channel of the output mixes the window like an attention distribution (variable
-  `conv_attn_kernel` [relative_position, d_model] of logits).
-  """
-
-  def relative_position_dim(self) -> mtf.Dimension:
-    return mtf.Dimension("relative_position", self.max_relative_pos - self.min_relative_pos + 1)
-
-  def kernel_logits(self, context, x: mtf.Tensor) -> mtf.Tensor:
-    """Logits over the relative positions, with x's channel dim (or the heads dim to spread over it)."""
-    shape = [self.relative_position_dim(), x.shape.dims[-1]]
-    return mtf.get_variable(context.mesh, "conv_attn_kernel", shape,
-                            initializer=tf.random_normal_initializer(), dtype=context.variable_dtype)
-
-  def spread_heads(self, kernel: mtf.Tensor, x: mtf.Tensor) -> mtf.Tensor:
-    return kernel
-
-  def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
-    relative_position_dim = self.relative_position_dim()
-    weights = mtf.softmax(self.kernel_logits(context, x), relative_position_dim)
-    weights = mtf.cast(self.spread_heads(weights, x), x.dtype)
-    return super().call(context, x, losses, all_kernel_wts=mtf.unstack(weights, relative_position_dim))
-
-
-@gin.configurable(module=GIN_MODULE)
-class LightweightConv1DLocalAttn(Conv1DLocalAttn):
-  """Lightweight convolution (Wu et al. 2019): one softmax-normalised kernel per head.
-
-  The channels are split into `num_heads` equal groups sharing a kernel (variable
-  `conv_attn_kernel` [relative_position, heads]).
+  Base of LightweightConv1DLocalAttn and DynamicConv1DLocalAttn, which say how the kernel of
+  relative position i (dim `repeated_kernel_dim` of size d_model / num_unique_depth_filters) is
+  made (`get_kernel_wt`). That kernel is tiled num_unique_depth_filters times along d_model
+  (channel c takes entry c mod the kernel's size), softmax-normalised over the window and used
+  as the separable convolution's depthwise kernels. Kernel initializer: variance
+  depthwise_filter_initializer_scale / filter size. x's channel dim must be named d_model.
   """
 
   def __init__(self, min_relative_pos: int, max_relative_pos: int, output_size: int,
                depthwise_filter_initializer_scale: float = 1.0,
                pointwise_filter_initializer_scale: float = 1.0, activation: str = "linear",
-               num_heads: int = 1):
+               num_unique_depth_filters: int = 1):
+    """Creates the layer.
+
+    Args:
+      min_relative_pos: the first relative position of the window (<= 0 for decoding).
+      max_relative_pos: the last relative position of the window.
+      output_size: the output channels; num_unique_depth_filters must divide it.
+      depthwise_filter_initializer_scale: scale of the kernels' initializer.
+      pointwise_filter_initializer_scale: scale of the pointwise dense's initializer.
+      activation: "linear" or the name of an mtf activation applied to the output.
+      num_unique_depth_filters: how many times the kernel repeats along d_model.
+    """
     super().__init__(min_relative_pos, max_relative_pos, output_size, depthwise_filter_initializer_scale,
                      pointwise_filter_initializer_scale, activation)
-    self.num_heads = num_heads
+    if output_size % num_unique_depth_filters:
+      raise ValueError(f"{type(self).__name__}: num_unique_depth_filters={num_unique_depth_filters} must "
+                       f"divide output_size={output_size}.")
+    self.num_unique_depth_filters = num_unique_depth_filters
 
-  @property
-  def heads_dim(self) -> mtf.Dimension:
-    return mtf.Dimension("heads", self.num_heads)
+  def get_kernel_wt(self, x: mtf.Tensor, repeated_kernel_dim, kernel_initializer, i: int, context,
+                    variable_dtype, master_dtype=tf.float32, slice_dtype=tf.float32) -> mtf.Tensor:
+    """The (unnormalised) kernel of relative position i, over repeated_kernel_dim (a list of one dim)."""
+    raise NotImplementedError(f"{type(self).__name__}: use LightweightConv1DLocalAttn or "
+                              f"DynamicConv1DLocalAttn, which define get_kernel_wt.")
 
-  def kernel_logits(self, context, x: mtf.Tensor) -> mtf.Tensor:
-    return mtf.get_variable(context.mesh, "conv_attn_kernel", [self.relative_position_dim(), self.heads_dim],
-                            initializer=tf.random_normal_initializer(), dtype=context.variable_dtype)
-
-  def spread_heads(self, kernel: mtf.Tensor, x: mtf.Tensor) -> mtf.Tensor:
-    """Kernel over heads -> kernel over channels (channel c belongs to head c // (channels / heads))."""
-    channels = x.shape.dims[-1]
-    if channels.size % self.num_heads:
-      raise ValueError(f"{type(self).__name__}: num_heads={self.num_heads} must divide the channel dim "
-                       f"{channels}.")
-    head_of_channel = np.arange(channels.size) // (channels.size // self.num_heads)
-    membership = (head_of_channel[np.newaxis, :] == np.arange(self.num_heads)[:, np.newaxis])
-    membership = mtf.constant(x.mesh, membership.astype(np.float32), mtf.Shape([self.heads_dim, channels]),
-                              dtype=kernel.dtype)
-    return mtf.einsum([kernel, membership], output_shape=kernel.shape - self.heads_dim + channels)
+  def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
+    depth_dim = x.shape.dims[-1]
+    kernel_size = self.max_relative_pos - self.min_relative_pos + 1
+    kernel_initializer = mtf.layers.VarianceScalingInitializer(
+        scale=(self.depthwise_filter_initializer_scale or 1.0) / kernel_size)
+    repeated_kernel_dim = [mtf.Dimension("repeated_kernel_dim",
+                                         depth_dim.size // self.num_unique_depth_filters)]
+    kernels = []
+    for i in range(kernel_size):
+      kernel = self.get_kernel_wt(x, repeated_kernel_dim=repeated_kernel_dim,
+                                  kernel_initializer=kernel_initializer, i=i, context=context,
+                                  variable_dtype=context.variable_dtype)
+      tiled = mtf.concat([kernel] * self.num_unique_depth_filters, concat_dim_name="repeated_kernel_dim")
+      kernels.append(mtf.rename_dimension(tiled, "repeated_kernel_dim", "d_model"))
+    stacked = mtf.stack(kernels, "new_stack_dim")
+    weights = mtf.unstack(mtf.softmax(stacked, reduced_dim=stacked.shape.dims[0]), stacked.shape.dims[0])
+    return super().call(context, x, losses, all_kernel_wts=weights)
 
 
 @gin.configurable(module=GIN_MODULE)
-class DynamicConv1DLocalAttn(LightweightConv1DLocalAttn):
-  """Dynamic convolution (Wu et al. 2019): per-position kernels predicted from the input.
+class LightweightConv1DLocalAttn(Conv1DLocalAttn):
+  """Lightweight convolution (Wu et al. 2019): learned kernels `lightwt_depthwise_dense_<i>/kernel`.
 
-  The kernel logits at position t are a dense of x_t (variable `conv_attn_kernel/kernel`
-  [d_model, relative_position, heads]), softmax-normalised over the window.
+  One variable per relative position i, over `repeated_kernel_dim`.
   """
 
-  def kernel_logits(self, context, x: mtf.Tensor) -> mtf.Tensor:
-    return mtf.layers.dense(x, new_dims=[self.relative_position_dim(), self.heads_dim],
-                            reduced_dims=x.shape.dims[-1:], use_bias=False,
-                            variable_dtype=context.variable_dtype, name="conv_attn_kernel")
+  def get_kernel_wt(self, x: mtf.Tensor, repeated_kernel_dim, kernel_initializer, i: int, context,
+                    variable_dtype, master_dtype=tf.float32, slice_dtype=tf.float32) -> mtf.Tensor:
+    return mtf.layers.get_dense_kernel_weights(
+        x, new_dims=[], reduced_dims=[], expert_dims=repeated_kernel_dim,
+        kernel_initializer=kernel_initializer, name="lightwt_depthwise_dense_%d" % i,
+        variable_dtype=context.variable_dtype, master_dtype=master_dtype, slice_dtype=slice_dtype)
+
+
+@gin.configurable(module=GIN_MODULE)
+class DynamicConv1DLocalAttn(Conv1DLocalAttn):
+  """Dynamic convolution (Wu et al. 2019): per-position kernels predicted from the input.
+
+  The kernel of relative position i at position t is a dense of x_t (with bias): variables
+  `dyn_conv_depthwise_dense_<i>/{kernel,bias}` [d_model, repeated_kernel_dim].
+  """
+
+  def get_kernel_wt(self, x: mtf.Tensor, repeated_kernel_dim, kernel_initializer, i: int, context,
+                    variable_dtype, master_dtype=tf.float32, slice_dtype=tf.float32) -> mtf.Tensor:
+    return mtf.layers.dense(
+        x, new_dims=repeated_kernel_dim, reduced_dims=[context.model.model_dim], expert_dims=[],
+        kernel_initializer=kernel_initializer, name="dyn_conv_depthwise_dense_%d" % i,
+        variable_dtype=context.variable_dtype, master_dtype=master_dtype, slice_dtype=slice_dtype)
+
+
+ATTENTION_TYPES = {"lightweight_conv": LightweightConv1DLocalAttn, "dynamic_conv": DynamicConv1DLocalAttn}
 
 
 @gin.configurable(module=GIN_MODULE)
 class LocalConvAttnBlock(transformer.TransformerLayer):
-  """Convolution block of Wu et al. 2019: GLU input projection, then a convolutional local attention.
+  """Convolution block of Wu et al. 2019 (arXiv:1901.10430): GLU, conv attention, output projection.
 
-  conv_type: "conv" (Conv1DLocalAttn), "lightweight" or "dynamic". Variables: `glu_0`, `glu_1`
-  (the GLU's linear and sigmoid halves) and the convolution's, in scope `conv`.
+  Variables: the GLU's `local_conv_inp_0` (linear) and `local_conv_inp_1` (sigmoid), the
+  convolution's (`lightwt_depthwise_dense_<i>` or `dyn_conv_depthwise_dense_<i>`, and
+  `separable_conv1d/...`) and the dense `local_conv_attn_op_projection`, all with biases. As in
+  0.1.21 the convolution is built with one unique depth filter: num_unique_depth_filters is
+  accepted but not passed on.
   """
 
-  def __init__(self, min_relative_pos: int, max_relative_pos: int, num_heads: int = 1,
-               conv_type: str = "lightweight", output_activation: str = "linear"):
-    if conv_type not in CONV_TYPES:
-      raise ValueError(f"LocalConvAttnBlock: unknown conv_type {conv_type!r}; use one of {CONV_TYPES}.")
-    self.min_relative_pos = min_relative_pos
-    self.max_relative_pos = max_relative_pos
-    self.num_heads = num_heads
-    self.conv_type = conv_type
-    self.output_activation = output_activation
+  def __init__(self, min_relative_pos: int, max_relative_pos: int, output_size: int,
+               depthwise_filter_initializer_scale: float = 1.0,
+               pointwise_filter_initializer_scale: float = 1.0, activation: str = "linear",
+               num_unique_depth_filters: int = 1, attention_type: str = "lightweight_conv"):
+    """Creates the block.
 
-  def _conv_layer(self, output_size: int) -> Conv1DLocalAttn:
-    args = (self.min_relative_pos, self.max_relative_pos, output_size)
-    if self.conv_type == "conv":
-      return Conv1DLocalAttn(*args, activation=self.output_activation)
-    cls = LightweightConv1DLocalAttn if self.conv_type == "lightweight" else DynamicConv1DLocalAttn
-    return cls(*args, activation=self.output_activation, num_heads=self.num_heads)
+    Args:
+      min_relative_pos: the first relative position of the convolution window.
+      max_relative_pos: the last relative position of the convolution window.
+      output_size: the convolution's output channels (d_model, for the output projection).
+      depthwise_filter_initializer_scale: scale of the convolution kernels' initializer.
+      pointwise_filter_initializer_scale: scale of the pointwise dense's initializer.
+      activation: activation of the convolution's output ("linear" for none).
+      num_unique_depth_filters: accepted for 0.1.21's signature; not used (see above).
+      attention_type: "lightweight_conv" or "dynamic_conv".
+    """
+    if attention_type not in ATTENTION_TYPES:
+      raise ValueError(f"LocalConvAttnBlock: unknown attention_type {attention_type!r}; use one of "
+                       f"{sorted(ATTENTION_TYPES)}.")
+    self.num_unique_depth_filters = num_unique_depth_filters
+    self.conv_local_attn_layer = ATTENTION_TYPES[attention_type](
+        min_relative_pos, max_relative_pos, output_size, depthwise_filter_initializer_scale,
+        pointwise_filter_initializer_scale, activation)
 
   def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
-    channels = x.shape.dims[-1]
-    gated = mtf.layers.dense_product(x, reduced_dims=[channels], new_dims=[channels],
-                                     activation_functions=["linear", "sigmoid"], use_bias=False,
-                                     variable_dtype=context.variable_dtype, name="glu")
-    with tf.variable_scope("conv"):
-      return self._conv_layer(channels.size).call(context, gated, losses)
+    model_dim = context.model.model_dim
+    gated = mtf.layers.dense_product(x, reduced_dims=[model_dim], new_dims=[model_dim],
+                                     activation_functions=["linear", "sigmoid"],
+                                     variable_dtype=context.variable_dtype, name="local_conv_inp")
+    attention_output = self.conv_local_attn_layer.call(context, gated, losses)
+    return mtf.layers.dense(attention_output, reduced_dims=[model_dim], new_dims=[model_dim], activation=None,
+                            variable_dtype=context.variable_dtype, name="local_conv_attn_op_projection")

@@ -67,7 +67,11 @@ def attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, memory_length_dim, ke
 def _add_z_loss(logits: mtf.Tensor, memory_length_dim, context, z_loss_coeff: float, dtype) -> None:
   """Appends z_loss_coeff * mean(logsumexp(logits)**2 * nonpadding) to context.losses."""
   log_z = mtf.reduce_logsumexp(logits, memory_length_dim)
-  z_loss = mtf.reduce_mean(mtf.square(log_z) * mtf.cast(context.nonpadding, log_z.dtype))
+  z_loss = mtf.square(log_z)
+  nonpadding = context.nonpadding  # None or 1 when nothing is padding
+  if isinstance(nonpadding, mtf.Tensor):
+    z_loss *= mtf.cast(nonpadding, log_z.dtype)
+  z_loss = mtf.reduce_mean(z_loss)
   if context.num_microbatches and context.num_microbatches > 1:
     z_loss /= context.num_microbatches
   mtf.scalar_summary("attention_z_loss", z_loss)

@@ -260,3 +260,37 @@ def test_experts_enc_dec_attention_takes_keys_and_values_from_the_encoder_output
     o = tf_attention(q * 2 ** -0.5, kv, kv, PADDING_BIAS)
     return tf.einsum("blhk,hkd->bld", o, tf.reshape(variables["layer/o"], [4, 2, D_MODEL]))
   check_layer(_enc_dec_build(layer), reference, ENC_DEC_INPUTS)
+
+
+@pytest.mark.parametrize("layer_cls", ["SelfAttention", "EncDecAttention"])
+def test_z_loss_coeff_adds_the_mean_squared_log_normalizer_of_the_logits_in_training(layer_cls):
+  """0.1.21's attention z-loss: z_loss_coeff * mean(logsumexp(logits over memory)**2 * nonpadding)."""
+  heads, coeff = 2, 0.1
+  layer = getattr(transformer_layers, layer_cls)(num_heads=heads, key_value_size=4, z_loss_coeff=coeff)
+  x, encoder = _randn(BATCH, LENGTH, D_MODEL), _randn(BATCH, ENCODER_LENGTH, D_MODEL)
+  sequence_id = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], np.int32)
+
+  def build(mesh):
+    xt = mtf.import_tf_tensor(mesh, tf.constant(x), shape=X_SHAPE)
+    ids = mtf.import_tf_tensor(mesh, tf.constant(sequence_id), shape="batch:2;length:5")
+    extra = {}
+    if layer_cls == "EncDecAttention":
+      extra["encoder_output"] = mtf.import_tf_tensor(mesh, tf.constant(encoder), shape=ENCODER_SHAPE)
+    context = make_context(xt, model_stub(D_MODEL), mode="train", sequence_id=ids, **extra)
+    call_layer(layer, context, xt)
+    eval_context = make_context(xt, model_stub(D_MODEL), sequence_id=ids, **extra)
+    call_layer(layer, eval_context, xt)
+    assert eval_context.losses == []
+    z_loss, = context.losses
+    return [z_loss] + [v.outputs[0] for v in mesh.graph.trainable_variables]
+  z_loss, wq, wk, *_ = lower_and_evaluate(build)
+  memory = encoder if layer_cls == "EncDecAttention" else x
+  logits = np.einsum("blhd,bmhd->bhlm", (x @ wq).reshape(BATCH, LENGTH, heads, 4),
+                     (memory @ wk).reshape(BATCH, -1, heads, 4))
+  if layer_cls == "SelfAttention":  # causal and segment masks
+    visible = (np.arange(LENGTH)[:, None] >= np.arange(LENGTH)[None, :])[None, None]
+    visible = visible & (sequence_id[:, None, :, None] == sequence_id[:, None, None, :])
+    logits = np.where(visible, logits, logits - 1e9)
+  log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+  expected = coeff * np.mean(log_z ** 2 * (sequence_id != 0)[:, None, :])
+  np.testing.assert_allclose(z_loss, expected, rtol=1e-4)

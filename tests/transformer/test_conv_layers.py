@@ -81,51 +81,83 @@ def test_separable_conv1d_layer_sums_shifted_inputs_times_depthwise_kernels():
   check_layer(_build(layer), reference, [(_x(), X_SHAPE)], "batch:2", "batch:batch")
 
 
-def _spread(kernel, heads: int):
-  """[..., heads] -> [..., d_model]: channel c takes head c // (d_model / heads)."""
-  return tf.gather(kernel, np.arange(D_MODEL) // (D_MODEL // heads), axis=-1)
+def _tiled_softmax(kernels, num_unique: int):
+  """[window][repeated] kernels -> softmax over the window of each kernel tiled num_unique times."""
+  stacked = tf.stack([tf.tile(k, [1] * (len(k.shape) - 1) + [num_unique]) for k in kernels], axis=-2)
+  return tf.nn.softmax(stacked, axis=-2)  # [..., window, d_model]
+
+
+def _lightweight_weights(x, v, num_unique=2):
+  return _tiled_softmax([v["layer/lightwt_depthwise_dense_%d/kernel" % i] for i in range(4)], num_unique)
+
+
+def _dynamic_weights(x, v, num_unique=2, prefix="layer/"):
+  def kernel(i):
+    scope = prefix + "dyn_conv_depthwise_dense_%d/" % i
+    return tf.einsum("bld,dr->blr", x, v[scope + "kernel"]) + v[scope + "bias"]
+  return _tiled_softmax([kernel(i) for i in range(4)], num_unique)
 
 
 CONV_ATTENTION_CASES = {
-    "conv": (lambda: transformer_layers.Conv1DLocalAttn(-2, 1, D_MODEL),
-             lambda x, v: tf.nn.softmax(v["layer/conv_attn_kernel"], axis=0)),
-    "lightweight": (lambda: transformer_layers.LightweightConv1DLocalAttn(-2, 1, D_MODEL, num_heads=2),
-                    lambda x, v: _spread(tf.nn.softmax(v["layer/conv_attn_kernel"], axis=0), 2)),
-    "dynamic": (lambda: transformer_layers.DynamicConv1DLocalAttn(-2, 1, D_MODEL, num_heads=2),
-                lambda x, v: _spread(tf.nn.softmax(
-                    tf.einsum("bld,drh->blrh", x, v["layer/conv_attn_kernel/kernel"]), axis=2), 2)),
+    "lightweight": (lambda: transformer_layers.LightweightConv1DLocalAttn(
+        -2, 1, D_MODEL, num_unique_depth_filters=2), _lightweight_weights),
+    "dynamic": (lambda: transformer_layers.DynamicConv1DLocalAttn(
+        -2, 1, D_MODEL, num_unique_depth_filters=2), _dynamic_weights),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CONV_ATTENTION_CASES))
-def test_conv_attention_kernels_are_softmax_over_the_window(name):
+def test_conv_attention_kernels_are_tiled_and_softmax_normalised_over_the_window(name):
+  """0.1.21's math: kernel i over d_model / num_unique channels, tiled num_unique times, softmax over i."""
   make_layer, weights_fn = CONV_ATTENTION_CASES[name]
 
   def reference(x, variables):
-    weights = weights_fn(x, variables)  # [(batch, length,) relative_position, d_model]
+    weights = weights_fn(x, variables)  # [(batch, length,) window, d_model]
     return tf_separable(x, [weights[..., i, :] for i in range(4)], variables)
-  check_layer(_build(make_layer()), reference, [(_x(), X_SHAPE)], "batch:2;model:2",
-              "batch:batch;heads:model")
+  check_layer(_build(make_layer()), reference, [(_x(), X_SHAPE)], "batch:2", "batch:batch")
 
 
-def test_local_conv_attn_block_is_glu_then_lightweight_convolution():
-  layer = transformer_layers.LocalConvAttnBlock(min_relative_pos=-2, max_relative_pos=1, num_heads=2)
+def test_conv_attention_kernel_initializer_variance_is_the_scale_over_the_filter_size():
+  layer = transformer_layers.LightweightConv1DLocalAttn(-2, 1, D_MODEL,
+                                                        depthwise_filter_initializer_scale=2.0)
+  stddevs = []
+  truncated_normal = tf.truncated_normal_initializer
+
+  def recording(stddev=1.0, **kwargs):
+    stddevs.append(stddev)
+    return truncated_normal(stddev=stddev, **kwargs)
+  with mock.patch.object(tf, "truncated_normal_initializer", recording):
+    lower_and_evaluate(lambda mesh: [_build(layer)(mtf.zeros(mesh, X_SHAPE))])
+  assert stddevs[:4] == [pytest.approx((2.0 / 4) ** 0.5)] * 4
+
+
+@pytest.mark.parametrize("attention_type", ["lightweight_conv", "dynamic_conv"])
+def test_local_conv_attn_block_is_glu_then_conv_attention_then_a_projection(attention_type):
+  layer = transformer_layers.LocalConvAttnBlock(min_relative_pos=-2, max_relative_pos=1, output_size=D_MODEL,
+                                                attention_type=attention_type)
 
   def reference(x, variables):
-    gated = (tf.einsum("bld,de->ble", x, variables["layer/glu_0/kernel"])
-             * tf.sigmoid(tf.einsum("bld,de->ble", x, variables["layer/glu_1/kernel"])))
-    weights = _spread(tf.nn.softmax(variables["layer/conv/conv_attn_kernel"], axis=0), 2)
-    return tf_separable(gated, [weights[i] for i in range(4)], variables,
-                        prefix="layer/conv/separable_conv1d/")
+    def dense(t, name):
+      scope = "layer/%s/" % name
+      return tf.einsum("bld,de->ble", t, variables[scope + "kernel"]) + variables[scope + "bias"]
+    gated = dense(x, "local_conv_inp_0") * tf.sigmoid(dense(x, "local_conv_inp_1"))
+    if attention_type == "dynamic_conv":
+      weights = _dynamic_weights(gated, variables, num_unique=1)
+    else:
+      weights = _lightweight_weights(gated, variables, num_unique=1)
+    convolved = tf_separable(gated, [weights[..., i, :] for i in range(4)], variables)
+    return dense(convolved, "local_conv_attn_op_projection")
   check_layer(_build(layer), reference, [(_x(), X_SHAPE)])
 
 
 def test_conv_attention_arguments_are_checked():
-  with pytest.raises(ValueError, match="unknown conv_type 'gated'"):
-    transformer_layers.LocalConvAttnBlock(-2, 0, conv_type="gated")
-  layer = transformer_layers.LightweightConv1DLocalAttn(-1, 0, D_MODEL, num_heads=3)
-  with pytest.raises(ValueError, match="num_heads=3 must divide the channel dim"):
-    lower_and_evaluate(lambda mesh: [_build(layer)(mtf.zeros(mesh, X_SHAPE))])
+  with pytest.raises(ValueError, match="unknown attention_type 'gated'"):
+    transformer_layers.LocalConvAttnBlock(-2, 0, D_MODEL, attention_type="gated")
+  with pytest.raises(ValueError, match="num_unique_depth_filters=3 must divide output_size=4"):
+    transformer_layers.LightweightConv1DLocalAttn(-1, 0, D_MODEL, num_unique_depth_filters=3)
+  with pytest.raises(NotImplementedError, match="define get_kernel_wt"):
+    lower_and_evaluate(lambda mesh: [_build(transformer_layers.Conv1DLocalAttn(-1, 0, D_MODEL))(
+        mtf.zeros(mesh, X_SHAPE))])
 
 
 def test_record_states_first_part_mode_keeps_the_inputs_before_the_initial_position():

@@ -69,7 +69,7 @@ DECODING_LAYERS = {
     "separable_conv1d": lambda: transformer_layers.SeparableConv1DLayer(
         min_relative_pos=-4, max_relative_pos=0, output_size=D_MODEL),
     "dynamic_conv_block": lambda: transformer_layers.LocalConvAttnBlock(
-        min_relative_pos=-3, max_relative_pos=0, num_heads=2, conv_type="dynamic"),
+        min_relative_pos=-3, max_relative_pos=0, output_size=D_MODEL, attention_type="dynamic_conv"),
 }
 
 
