@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Callable
 
+import gin
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._core.tensor import Tensor
@@ -95,6 +96,7 @@ class Graph:
       new_ops.append(new_op)
     return new_ops, mapping
 
+  @gin.configurable(module="mesh_tensorflow.ops")  # upstream's gin name: rewrite_stack_variables.*
   def rewrite_stack_variables(self, max_combined_variable_size=2 ** 29,
                               max_combined_slice_size=2 ** 27, mesh_to_impl=None) -> None:
     """Stacks same-shaped variables into one (fewer, larger slice variables); see _ops/stacking.py."""

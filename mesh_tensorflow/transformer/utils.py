@@ -50,20 +50,31 @@ from mesh_tensorflow.transformer.vocabulary import (
     targets_vocabulary as targets_vocabulary,
 )
 
-# ---- Training driver (issue 9): re-exports from mesh_tensorflow.transformer._train go below. ----
-# run, tpu_estimator_model_fn, get_estimator, train_model, eval_model, infer_model, decode*,
-# compute_log_likelihoods, save_scores, score_*, export_model.
+# ---- The driver (issue 9) and the estimator-era API over it (issue 22). ----
 from mesh_tensorflow.transformer._train.checkpoints import (  # noqa: E402
     CheckpointMismatchError as CheckpointMismatchError,
 )
-from mesh_tensorflow.transformer._train.eval import save_scores as save_scores  # noqa: E402
-from mesh_tensorflow.transformer._train.export import export_model as export_model  # noqa: E402
-from mesh_tensorflow.transformer._train.loop import ModelRunner as ModelRunner  # noqa: E402
-from mesh_tensorflow.transformer._train.model_fn import build_model_graph as build_model_graph  # noqa: E402
-from mesh_tensorflow.transformer._train.run import (  # noqa: E402
+from mesh_tensorflow.transformer._train.estimator import (  # noqa: E402
+    Estimator as Estimator,
+    tpu_estimator_model_fn as tpu_estimator_model_fn,
+)
+from mesh_tensorflow.transformer._train.estimator_api import (  # noqa: E402
+    compute_log_likelihoods as compute_log_likelihoods,
+    decode as decode,
+    decode_from_dataset as decode_from_dataset,
     decode_from_file as decode_from_file,
-    run as run,
+    eval_model as eval_model,
+    export_model as export_model,
+    get_estimator as get_estimator,
+    infer_model as infer_model,
+    save_scores as save_scores,
+    save_scores_to_tfrecords as save_scores_to_tfrecords,
     score_from_dataset as score_from_dataset,
     score_from_strings as score_from_strings,
+    score_with_estimator as score_with_estimator,
+    score_with_estimator_lazy as score_with_estimator_lazy,
     train_model as train_model,
 )
+from mesh_tensorflow.transformer._train.loop import ModelRunner as ModelRunner  # noqa: E402
+from mesh_tensorflow.transformer._train.model_fn import build_model_graph as build_model_graph  # noqa: E402
+from mesh_tensorflow.transformer._train.run import run as run  # noqa: E402

@@ -63,8 +63,7 @@ def test_a_shallower_models_checkpoints_are_refused_too(tmp_path, corpus):
     ("utils.run.batch_size = ('tokens_per_batch', 8)",
      r"batch_size = \('tokens_per_batch', 8\) gives 0 sequences per batch.*length 16"),
     ("utils.run.vocabulary = None", r"utils.run.vocabulary = None: expected a vocabulary object"),
-    ("utils.run.predict_fn = @utils.run", r"utils.run.predict_fn = .*not implemented.*remove the binding"),
-    ("utils.run.output_eval_examples = False", r"output_eval_examples = False: turning off"),
+    ("utils.run.ensemble_inputs = 2", r"utils.run.ensemble_inputs = 2: ensemble inputs is not implemented"),
     ("utils.run.eval_checkpoint_step = 'latest'", r"eval_checkpoint_step = 'latest' \(str\)"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, corpus, binding, message):

@@ -104,9 +104,7 @@ def check_batch_size(batch_size: int, requested, sequence_length: dict) -> None:
 # Arguments of upstream's utils.run this driver does not implement, with the value that means
 # "not used" (binding another value is an error, not silently ignored).
 _NOT_IMPLEMENTED = {
-    "predict_fn": (None, "a custom predict_fn for infer mode"),
     "ensemble_inputs": (None, "ensemble inputs"),
-    "output_eval_examples": (True, "turning off the eval examples written next to eval outputs"),
 }
 
 

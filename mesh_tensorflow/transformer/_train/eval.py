@@ -7,11 +7,9 @@ session restored from a checkpoint; padding examples (all zeros) contribute noth
 from __future__ import annotations
 
 import math
-import os
 from typing import Callable, Sequence
 
 import numpy as np
-import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow.transformer._train import inputs, loop, model_fn, progress
 
@@ -65,23 +63,3 @@ def perplexity_eval(runner: loop.ModelRunner, eval_datasets: Sequence, checkpoin
         results.append(result)
   writer.close()
   return results
-
-
-def score_examples(runner: loop.ModelRunner, examples: Sequence[dict], checkpoint: str) -> list:
-  """Log-likelihood of each example ({"inputs": ids, "targets": ids}) under the checkpoint."""
-  lengths = model_feature_lengths(runner.model, runner.sequence_length)
-  dataset_fn = lambda: tf.data.Dataset.from_generator(
-      lambda: ({k: np.asarray(e[k], np.int32) for k in lengths} for e in examples),
-      output_signature={k: tf.TensorSpec([None], tf.int32) for k in lengths})
-  with loop.restored_session(runner, "eval", lengths, checkpoint) as (session, placeholders, outputs):
-    lls, _ = _log_likelihoods(session, placeholders, outputs,
-                              inputs.numpy_batches(dataset_fn, runner.batch_size, lengths))
-  return [float(x) for x in lls]
-
-
-def save_scores(scores: Sequence[float], scores_filename: str | None) -> None:
-  """Writes one score per line to scores_filename (nothing if it is None)."""
-  if scores_filename:
-    tf.io.gfile.makedirs(os.path.dirname(scores_filename) or ".")
-    with tf.io.gfile.GFile(scores_filename, "w") as f:
-      f.write("".join("%r\n" % s for s in scores))

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import gin
 import tensorflow.compat.v1 as tf
@@ -47,8 +48,9 @@ class TrainConfig:
   autostack: bool = True
   learning_rate_schedule: object = None
   optimizer: Optional[Callable] = None
-  variable_filter: Optional[Callable] = None
+  variable_filter: object = None
   init_checkpoint: Optional[str] = None
+  init_variable_filter: str = ""
   seen_data_init_step: int = 0
   random_seed: Optional[int] = DEFAULT_RANDOM_SEED
 
@@ -59,9 +61,12 @@ def checkpoint_step(path: str) -> int:
 
 
 def initialize_and_restore(session, lowering, checkpoint: Optional[str], manager=None,
-                           init_checkpoint: Optional[str] = None, print_fn=print) -> None:
+                           init_checkpoint: Optional[str] = None, print_fn=print,
+                           init_variable_filter: str = "") -> None:
   """Initialises all variables, restores masters from `checkpoint` (or warm-starts from
-  init_checkpoint), then copies the masters to the per-device slices."""
+  init_checkpoint: the variables util.should_load_variable keeps whose checkpoint name, mapped
+  by utils.init_checkpoint_variable_mapping, matches the regex init_variable_filter if given),
+  then copies the masters to the per-device slices."""
   copy_in = lowering.copy_masters_to_slices()
   session.run(tf.global_variables_initializer())
   if checkpoint:
@@ -71,10 +76,12 @@ def initialize_and_restore(session, lowering, checkpoint: Optional[str], manager
       checkpoints.restore_checkpoint(session, checkpoint, _model_variables(),
                                      optimizer_state_may_be_extra=True)
   elif init_checkpoint:
+    pattern = re.compile(init_variable_filter) if init_variable_filter else None
+    mapping = checkpoint_selection.init_checkpoint_variable_mapping
     found = checkpoints.restore_available(
-        session, init_checkpoint, _model_variables(),
-        checkpoint_name=checkpoint_selection.init_checkpoint_variable_mapping,
-        should_load=checkpoint_selection.should_load_variable)
+        session, init_checkpoint, _model_variables(), checkpoint_name=mapping,
+        should_load=lambda name: (checkpoint_selection.should_load_variable(name) and
+                                  (pattern is None or bool(pattern.search(mapping(name) or "")))))
     print_fn(f"Initialised {len(found)} variables from init_checkpoint {init_checkpoint}.")
   session.run(copy_in)
 
@@ -92,11 +99,39 @@ def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: TrainConfig,
           print_fn: Callable = print) -> dict:
   """Trains until global step config.train_steps; returns {"step", "loss", "first_step_seconds"}.
 
-  dataset_fn() builds the (unbatched, finite or not) training dataset inside the training graph.
+  dataset_fn() builds the (unbatched, finite or not) training dataset inside the training graph;
+  a resumed run skips the batches the checkpointed steps consumed.
+  """
+  def build(start_step: int) -> model_fn.LoweredModel:
+    features = inputs.training_features(dataset_fn(), config.batch_size,
+                                        start_step - config.seen_data_init_step)
+    return build_training_graph(model, features, config, variable_dtype)
+  return train_with(build, config, print_fn)
+
+
+def build_training_graph(model, features: dict, config: TrainConfig, variable_dtype,
+                         **build_kwargs) -> model_fn.LoweredModel:
+  """The train-mode graph of `model` on `features` under config's mesh, optimizer and schedule."""
+  global_step = tf.train.get_or_create_global_step()
+  mesh_impl = model_fn.make_mesh_impl(config.mesh_shape, config.layout_rules, config.mesh_devices)
+  return model_fn.build_model_graph(
+      model, features, "train", mesh_impl, variable_dtype, autostack=config.autostack,
+      optimizer=config.optimizer, learning_rate=_learning_rate(config.learning_rate_schedule, global_step),
+      variable_filter=config.variable_filter, **build_kwargs)
+
+
+def train_with(build: Callable[[int], model_fn.LoweredModel], config: TrainConfig, print_fn: Callable = print,
+               hooks: Sequence = ()) -> dict:
+  """The training loop over the graph build(start_step) returns (built in a fresh graph, after
+  the seed is set); trains until global step config.train_steps or until its input ends.
+
+  hooks: tf.compat.v1.train.SessionRunHook-style objects (begin, after_create_session,
+  before_run / after_run around each step, end), as Estimator.train takes them.
   """
   started = time.time()
   with guarded_model_dir(config.model_dir, print_fn) as (latest, stop):
-    return _train(model, dataset_fn, config, variable_dtype, print_fn, started, latest, stop)
+    done = nothing_to_train(latest, config, print_fn)
+    return done or _train(build, config, print_fn, started, latest, stop, list(hooks))
 
 
 @contextlib.contextmanager
@@ -134,37 +169,49 @@ def report_stop(stop: guards.StopRequest, step: int, start_step: int, latest: Op
   print_fn(f"Stopped by {stop.name} at step {step}: {saved}. Run the same command again to resume.")
 
 
-def _train(model, dataset_fn, config: TrainConfig, variable_dtype, print_fn, started, latest,
-           stop: guards.StopRequest) -> dict:
-  done = nothing_to_train(latest, config, print_fn)
-  if done:
-    return done
+def _run_step(session, fetches, hooks: list):
+  """One session.run of fetches, with the hooks' before_run / after_run around it."""
+  if not hooks:
+    return session.run(fetches), False
+  context = tf.train.SessionRunContext(original_args=tf.train.SessionRunArgs(fetches), session=session)
+  requests = [hook.before_run(context) for hook in hooks]
+  extra = [r.fetches if r is not None else None for r in requests]
+  values, extra_values = session.run([fetches, extra])
+  for hook, value in zip(hooks, extra_values):
+    hook.after_run(context, tf.train.SessionRunValues(results=value, options=None, run_metadata=None))
+  return values, context.stop_requested
+
+
+def _train(build, config: TrainConfig, print_fn, started, latest, stop: guards.StopRequest,
+           hooks: list) -> dict:
   start_step = checkpoint_step(latest) if latest else 0
   if latest:
     print_fn(f"Resuming from {latest} at step {start_step}.")
   with tf.Graph().as_default():
     set_random_seed(config.random_seed)
-    features = inputs.training_features(dataset_fn(), config.batch_size,
-                                        start_step - config.seen_data_init_step)
-    global_step = tf.train.get_or_create_global_step()
-    mesh_impl = model_fn.make_mesh_impl(config.mesh_shape, config.layout_rules, config.mesh_devices)
-    built = model_fn.build_model_graph(
-        model, features, "train", mesh_impl, variable_dtype, autostack=config.autostack,
-        optimizer=config.optimizer,
-        learning_rate=_learning_rate(config.learning_rate_schedule, global_step),
-        variable_filter=config.variable_filter)
+    built = build(start_step)
     manager = checkpoints.CheckpointManager(config.model_dir, tf.global_variables(),
                                             config.keep_checkpoint_max,
                                             before_save=built.lowering.copy_slices_to_masters())
     fetches = [built.train_op, built.outputs["loss"], built.outputs["learning_rate"],
                built.outputs["tokens"]]
+    for hook in hooks:
+      hook.begin()
     with tf.Session(config=model_fn.session_config(config.mesh_devices)) as session:
-      initialize_and_restore(session, built.lowering, latest, manager, config.init_checkpoint, print_fn)
+      initialize_and_restore(session, built.lowering, latest, manager, config.init_checkpoint, print_fn,
+                             config.init_variable_filter)
+      for hook in hooks:
+        hook.after_create_session(session, None)
       writer = progress.summary_writer(config.model_dir)  # only once the checkpoint restored
       reporter = progress.ProgressReporter(writer, start_step, config.train_steps, print_fn)
-      step, loss, first_step_seconds = start_step, None, None
-      while step < config.train_steps and stop.signum is None:
-        _, loss, learning_rate, tokens = session.run(fetches)
+      step, loss, first_step_seconds, input_ended, hook_stop = start_step, None, None, False, False
+      while step < config.train_steps and stop.signum is None and not hook_stop:
+        try:
+          (_, loss, learning_rate, tokens), hook_stop = _run_step(session, fetches, hooks)
+        except tf.errors.OutOfRangeError:
+          input_ended = True
+          print_fn(f"The training input ended at step {step} (before train_steps {config.train_steps}).")
+          break
         step += 1
         if first_step_seconds is None:
           first_step_seconds = time.time() - started
@@ -174,10 +221,15 @@ def _train(model, dataset_fn, config: TrainConfig, variable_dtype, print_fn, sta
         reporter.add_tokens(tokens)
         if step % config.iterations_per_loop == 0 or step == config.train_steps:
           reporter.report(step, float(loss), float(learning_rate))
-        if step % config.save_checkpoints_steps == 0 or step == config.train_steps or stop.signum:
+        if (step % config.save_checkpoints_steps == 0 or step == config.train_steps or stop.signum
+            or hook_stop):
           latest = manager.save(session, step)
+      if (input_ended or hook_stop) and step > start_step and step % config.save_checkpoints_steps:
+        latest = manager.save(session, step)
       if stop.signum is not None:
         report_stop(stop, step, start_step, latest, print_fn)
+      for hook in hooks:
+        hook.end(session)
     writer.close()
   return {"step": step, "loss": None if loss is None else float(loss),
           "first_step_seconds": first_step_seconds}

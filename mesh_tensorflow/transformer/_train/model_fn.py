@@ -10,6 +10,7 @@ sliced masters: no device holds more variable bytes than its slices) and `SimdMe
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable, Optional, Sequence
 
 import tensorflow.compat.v1 as tf
@@ -79,13 +80,22 @@ def check_layout_divides(graph, mesh_impl) -> None:
               f"utils.run.layout_rules or the model's {dim.name!r} size to a multiple of {mesh_dim.size}.")
 
 
-def _import_features(mesh, features: dict) -> dict:
-  """Each [batch, length] int feature as an mtf Tensor with dims `batch` and `length`."""
+def _import_features(mesh, features: dict, outer_batch_size: int = 1) -> dict:
+  """Each [batch, length] int feature as an mtf Tensor with dims `batch` and `length`; with
+  outer_batch_size > 1, dims `outer_batch`, `batch` (batch / outer_batch_size) and `length`."""
   mtf_features = {}
   for key, value in sorted(features.items()):
     batch_size, length = value.shape.as_list()
-    shape = mtf.Shape([mtf.Dimension("batch", batch_size), mtf.Dimension("length", length)])
-    mtf_features[key] = mtf.import_tf_tensor(mesh, tf.cast(value, tf.int32), shape, name=key)
+    batch_dims = [mtf.Dimension("batch", batch_size)]
+    if outer_batch_size > 1:
+      if batch_size % outer_batch_size:
+        raise ValueError(f"outer_batch_size {outer_batch_size} (tpu_estimator_model_fn.outer_batch_size) "
+                         f"does not divide the batch size {batch_size}: pick a divisor of it.")
+      batch_dims = [mtf.Dimension("outer_batch", outer_batch_size),
+                    mtf.Dimension("batch", batch_size // outer_batch_size)]
+    shape = mtf.Shape(batch_dims + [mtf.Dimension("length", length)])
+    value = tf.reshape(tf.cast(value, tf.int32), shape.to_integer_list)
+    mtf_features[key] = mtf.import_tf_tensor(mesh, value, shape, name=key)
   return mtf_features
 
 
@@ -114,27 +124,60 @@ def _call_model(model, mtf_features: dict, mode: str, variable_dtype, compute_lo
                            variable_dtype=variable_dtype, **kwargs)
 
 
-def _example_log_likelihoods(logits, targets, vocab_dim):
-  """Per example: (sum of log p(target) over non-padding targets, number of such targets)."""
+def _eval_outputs(logits, targets, vocab_dim, token_outputs: bool) -> dict:
+  """Per example: log_likelihood (sum of log p(target) over non-padding targets) and num_tokens;
+  with token_outputs also per token: cross_entropy, predictions (argmax), targets and weights."""
   logits = mtf.cast(logits, tf.float32)
   weights = mtf.cast(mtf.greater(targets, 0), tf.float32)
-  nll = mtf.layers.softmax_cross_entropy_with_logits(logits, targets, vocab_dim) * weights
+  cross_entropy = mtf.layers.softmax_cross_entropy_with_logits(logits, targets, vocab_dim)
   length_dim = targets.shape.dims[-1]
-  return -mtf.reduce_sum(nll, reduced_dim=length_dim), mtf.reduce_sum(weights, reduced_dim=length_dim)
+  outputs = {"log_likelihood": -mtf.reduce_sum(cross_entropy * weights, reduced_dim=length_dim),
+             "num_tokens": mtf.reduce_sum(weights, reduced_dim=length_dim)}
+  if token_outputs:
+    outputs.update(cross_entropy=cross_entropy, weights=weights, targets=targets,
+                   predictions=mtf.cast(mtf.argmax(logits, vocab_dim), targets.dtype))
+  return outputs
 
 
-def _decode(model, mtf_features: dict, variable_dtype):
-  """Samples (Unitransformer: continues `inputs`, which hold the prompt then zeros) or decodes."""
+def _variable_predicate(variable_filter) -> Callable:
+  """variable_filter as a predicate on mtf Variables: None (all), a regex string searched in the
+  variable name (upstream's form), or a callable taking the mtf Variable."""
+  if variable_filter is None:
+    return lambda v: True
+  if isinstance(variable_filter, str):
+    pattern = re.compile(variable_filter)
+    return lambda v: bool(pattern.search(v.name))
+  if callable(variable_filter):
+    return variable_filter
+  raise ValueError(f"variable_filter {variable_filter!r} must be None, a regex string or a callable taking "
+                   f"an mtf.Variable.")
+
+
+def _decode(model, mtf_features: dict, variable_dtype, predict_fn: Optional[Callable] = None):
+  """Samples (Unitransformer: continues `inputs`, which hold the prompt then zeros) or decodes;
+  predict_fn(model=, features=, variable_dtype=) replaces both when given."""
   inputs = mtf_features["inputs"]
+  if predict_fn is not None:
+    return predict_fn(model=model, features=mtf_features, variable_dtype=variable_dtype)
   if is_unitransformer(model):
     return model.sample_autoregressive(inputs, variable_dtype=variable_dtype, remove_partial_sequences=True)
   return model.decode(inputs, variable_dtype=variable_dtype)
 
 
+def _merge_batch_dims(value: tf.Tensor, mtf_tensor) -> tf.Tensor:
+  """[outer_batch, batch, ...] -> [outer_batch * batch, ...]; other tensors unchanged."""
+  names = [d.name for d in mtf_tensor.shape.dims]
+  if names[:2] != ["outer_batch", "batch"]:
+    return value
+  shape = value.shape.as_list()
+  return tf.reshape(value, [shape[0] * shape[1]] + shape[2:])
+
+
 def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtype, autostack: bool = True,
                       optimizer: Optional[Callable] = None, learning_rate=None,
-                      variable_filter: Optional[Callable] = None, variable_placer=None,
-                      random_position=None) -> LoweredModel:
+                      variable_filter=None, variable_placer=None, random_position=None,
+                      outer_batch_size: int = 1, predict_fn: Optional[Callable] = None,
+                      token_outputs: bool = False, log_file=None) -> LoweredModel:
   """Builds and lowers one mode's graph on mesh "my_mesh" in the default TF graph.
 
   Args:
@@ -146,30 +189,45 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
     variable_dtype: an mtf.VariableDType.
     optimizer: train only; called as optimizer(learning_rate=...) (a gin-configured class).
     learning_rate: train only; a TF scalar, float or None (the optimizer's default).
-    variable_filter: train only; a predicate on variable names selecting what is trained.
+    variable_filter: train only; what is trained: None (all), a regex searched in variable names,
+      or a predicate on mtf Variables (upstream's forms).
     variable_placer: places the master variables (an mtf.utils.BalancedVariablePlacer over the
       TPU hosts, say); default: all on "cpu:0".
     random_position: the number random ops draw for (mtf.Lowering's argument); train default:
       the global step, so dropout masks follow the step and a resumed run draws what an
       uninterrupted one would have.
+    outer_batch_size: splits `batch` into `outer_batch` x `batch` (train and eval).
+    predict_fn: replaces decoding (infer) or log-likelihoods (eval): called as
+      predict_fn(model=, features=, variable_dtype=), returns a [batch, length] (infer) or
+      [batch] (eval) mtf Tensor.
+    token_outputs: eval only; also output per-token values (see _eval_outputs).
+    log_file: mtf.Lowering's log_file (variable and operation sizes).
 
   Returns:
     LoweredModel with outputs: train {"loss", "learning_rate", "tokens"}, eval {"log_likelihood",
-    "num_tokens"} (per example), infer {"outputs"} (token ids per example).
+    "num_tokens"} (per example; token_outputs adds [batch, length] tensors), infer {"outputs"}
+    (token ids per example).
   """
   if mode not in MODES:
     raise ValueError(f"Unknown model_fn mode {mode!r}; expected one of {MODES}.")
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, MESH_NAME, variable_placer)
-  mtf_features = _import_features(mesh, features)
+  mtf_features = _import_features(mesh, features, outer_batch_size if mode != "infer" else 1)
   mtf_outputs, update_ops = {}, []
   if mode == "infer":
-    mtf_outputs["outputs"] = mtf.anonymize(_decode(model, mtf_features, variable_dtype))
+    mtf_outputs["outputs"] = mtf.anonymize(_decode(model, mtf_features, variable_dtype, predict_fn))
+  elif mode == "eval" and predict_fn is not None:
+    weights = mtf.cast(mtf.greater(mtf_features["targets"], 0), tf.float32)
+    mtf_outputs.update(
+        log_likelihood=mtf.anonymize(predict_fn(model=model, features=mtf_features,
+                                                variable_dtype=variable_dtype)),
+        num_tokens=mtf.anonymize(mtf.reduce_sum(weights, reduced_dim=weights.shape.dims[-1])))
   else:
     logits, loss = _call_model(model, mtf_features, mode, variable_dtype, compute_loss=(mode == "train"))
     if mode == "train":
       mtf_outputs["loss"] = loss
-      trained = [v for v in graph.trainable_variables if variable_filter is None or variable_filter(v.name)]
+      keep = _variable_predicate(variable_filter)
+      trained = [v for v in graph.trainable_variables if keep(v)]
       if not trained:
         names = sorted(v.name for v in graph.trainable_variables)
         raise ValueError(f"utils.run.variable_filter {variable_filter!r} matches none of the model's "
@@ -179,14 +237,14 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
       kwargs = {} if learning_rate is None else {"learning_rate": learning_rate}
       update_ops = optimizer(**kwargs).apply_grads(grads, trained)
     else:
-      log_likelihood, num_tokens = _example_log_likelihoods(
-          logits, mtf_features["targets"], logits.shape.dims[-1])
-      mtf_outputs.update(log_likelihood=mtf.anonymize(log_likelihood), num_tokens=mtf.anonymize(num_tokens))
+      mtf_outputs.update({k: mtf.anonymize(v) for k, v in _eval_outputs(
+          logits, mtf_features["targets"], logits.shape.dims[-1], token_outputs).items()})
   check_layout_divides(graph, mesh_impl)
   if mode == "train" and random_position is None:
     random_position = tf.train.get_or_create_global_step().read_value()
-  lowering = mtf.Lowering(graph, {mesh: mesh_impl}, autostack=autostack, random_position=random_position)
-  outputs = {k: lowering.export_to_tf_tensor(v) for k, v in mtf_outputs.items()}
+  lowering = mtf.Lowering(graph, {mesh: mesh_impl}, autostack=autostack, random_position=random_position,
+                          log_file=log_file)
+  outputs = {k: _merge_batch_dims(lowering.export_to_tf_tensor(v), v) for k, v in mtf_outputs.items()}
   train_op = None
   if mode == "train":
     outputs["loss"] = tf.cast(outputs["loss"], tf.float32)

@@ -55,6 +55,7 @@ def _new_checkpoints(model_dir: str, skip_until: int, stop_after: int | None) ->
       time.sleep(POLL_SECONDS)
 
 
+@gin.configurable(module=GIN_MODULE)
 def get_checkpoint_iterator(checkpoint_step, model_dir: str, skip_until: int = 0,
                             stop_after: int | None = None, find_closest: bool = True) -> Iterable[str]:
   """Checkpoint paths (model_dir/model.ckpt-<step>) selected by checkpoint_step.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Iterable
 
 import tensorflow.compat.v1 as tf
@@ -25,9 +26,11 @@ def get_inputs_from_file(input_filename: str, ignore_comments: bool = False) -> 
 
 
 def write_lines_to_file(lines: Iterable, filename: str) -> None:
-  """Writes str(line) per line (inner newlines become spaces), replacing the file."""
+  """Writes str(line) per line (inner newlines become spaces), replacing the file (making its directory)."""
   if tf.io.gfile.exists(filename):
     tf.io.gfile.remove(filename)
+  if os.path.dirname(filename):
+    tf.io.gfile.makedirs(os.path.dirname(filename))
   with tf.io.gfile.GFile(filename, "w") as f:
     # One write, so that an empty list still creates the file.
     f.write("".join("%s\n" % str(line).replace("\n", " ") for line in lines))

@@ -1,0 +1,195 @@
+"""The estimator-era API of transformer.utils (0.1.21's, as T5 calls it) on a tiny encoder-decoder.
+
+get_estimator -> train_model (and a resumed train_model) -> Estimator.evaluate -> scoring
+(compute_log_likelihoods, score_from_strings) -> eval_model -> infer_model -> export_model, each
+checked against another path through the driver: the eval metrics against the scores, the
+scores of score_from_strings and score_from_dataset against compute_log_likelihoods, eval_model's
+predictions against infer_model's decodes, and the SavedModel's outputs against both.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import gin
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import dataset as dataset_lib, utils
+from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
+from mesh_tensorflow.transformer._train import checkpoints, progress
+from mesh_tensorflow.transformer._train import estimator as estimator_lib
+from tests.transformer.test_run import run_saved_model
+
+VOCAB = vocabulary_lib.ByteVocabulary()
+LENGTHS = {"inputs": 8, "targets": 8}
+BATCH = 4
+WORDS = ["cat", "dog", "emu", "fox", "gnu", "hen", "owl", "yak"]
+TINY = ["num_layers = 1", "d_model = 16", "d_ff = 32", "num_heads = 4", "d_kv = 4", "dropout_rate = 0.0",
+        "utils.get_variable_dtype.master_dtype = 'float32'",
+        "utils.get_variable_dtype.activation_dtype = 'float32'"]
+
+
+@pytest.fixture
+def tiny_gin():
+  """The packaged defaults with a tiny encoder-decoder; cleared afterwards."""
+  gin.clear_config()
+  utils.FLAGS.unparse_flags()
+  utils.FLAGS(["test"] + [f"--gin_param={b}" for b in TINY], known_only=True)
+  utils.parse_gin_defaults_and_flags(finalize_config=False)
+  yield
+  gin.clear_config()
+  utils.FLAGS.unparse_flags()
+
+
+def _ids(word: str) -> list:
+  ids = VOCAB.encode(word) + [1]
+  return ids + [0] * (LENGTHS["inputs"] - len(ids))
+
+
+def copy_dataset(sequence_length, vocabulary, dataset_split):
+  """The copy task: each word is its own target (a train_dataset_fn)."""
+  del sequence_length, vocabulary, dataset_split
+  ids = np.array([_ids(w) for w in WORDS], np.int32)
+  return tf.data.Dataset.from_tensor_slices({"inputs": ids, "targets": ids})
+
+
+def exact_match(targets, predictions):
+  return {"accuracy": float(np.mean([t == p for t, p in zip(targets, predictions)]))}
+
+
+def copy_eval_datasets(sequence_length, vocabulary, dataset_split):
+  """An eval_dataset_fn: the copy task with its texts, scored by exact match."""
+  def with_texts(sequence_length=None):
+    del sequence_length
+    texts = tf.data.Dataset.from_tensor_slices(WORDS)
+    return tf.data.Dataset.zip((copy_dataset(None, vocabulary, dataset_split), texts)).map(
+        lambda ex, text: {**ex, "inputs_pretokenized": text, "targets_pretokenized": text})
+  postprocess = lambda text, example=None, is_target=False: text
+  return [dataset_lib.EvalDataset("copy", with_texts, postprocess, [exact_match])]
+
+
+def make_estimator(model_dir, score_in_predict_mode=False):
+  return utils.get_estimator(
+      "bitransformer", VOCAB, "", "", str(model_dir), BATCH, LENGTHS, True, 0.01, None, 2,
+      mtf.optimize.AdafactorOptimizer, None, None, None, False, None, 1, None,
+      score_in_predict_mode=score_in_predict_mode)
+
+
+def eval_input_fn(params):
+  """The copy task in batches of params["batch_size"]."""
+  return copy_dataset(None, VOCAB, "validation").batch(params["batch_size"])
+
+
+def test_the_originals_call_sequence_trains_resumes_evaluates_scores_decodes_and_exports(tmp_path, tiny_gin,
+                                                                                         capsys):
+  model_dir = tmp_path / "model"
+  estimator = make_estimator(model_dir)
+  assert estimator.params["batch_size"] == BATCH and estimator.model_dir == str(model_dir)
+  assert estimator.config.save_checkpoints_steps == 2 and estimator.latest_checkpoint() is None
+
+  trained = utils.train_model(estimator, VOCAB, LENGTHS, BATCH, copy_dataset, 3, None)
+  assert trained["step"] == 3
+  saved = checkpoints.list_checkpoints(str(model_dir))
+  assert [checkpoints.get_step_from_checkpoint_path(p) for p in saved] == [2, 3]
+  resumed = utils.train_model(estimator, VOCAB, LENGTHS, BATCH, copy_dataset, 5, None)
+  assert resumed["step"] == 5
+  assert f"Resuming from {model_dir}/model.ckpt-3 at step 3." in capsys.readouterr().out
+  losses = progress.read_scalars(str(model_dir), "loss")
+  assert [s for s, _ in losses] == [1, 2, 3, 4, 5] and losses[-1][1] < losses[0][1]
+  assert estimator.get_variable_value("global_step") == 5
+
+  metrics = estimator.evaluate(eval_input_fn)
+  targets = np.array([_ids(w) for w in WORDS])
+  assert metrics["global_step"] == 5 and metrics["num_eval_tokens"] == (targets > 0).sum()
+  assert metrics["max_targets_length"] == 4 and 0 <= metrics["token_accuracy"] <= 1
+  np.testing.assert_allclose(metrics["loss"], -metrics["neg_log_perplexity"], rtol=1e-6)
+
+  scorer = make_estimator(model_dir, score_in_predict_mode=True)
+  log_likelihoods = utils.compute_log_likelihoods(scorer, eval_input_fn)
+  assert len(log_likelihoods) == len(WORDS) and all(s < 0 for s in log_likelihoods)
+  np.testing.assert_allclose(sum(log_likelihoods) / (targets > 0).sum(), metrics["neg_log_perplexity"],
+                             rtol=1e-5)
+  scores_file = str(tmp_path / "scores")
+  scores, texts = utils.score_from_strings(
+      scorer, VOCAB, "bitransformer", BATCH, LENGTHS, str(model_dir), 5, inputs=WORDS, targets=WORDS,
+      score_postprocess_fn=functools.partial(utils.save_scores, scores_filename=scores_file))
+  np.testing.assert_allclose(scores, log_likelihoods, rtol=1e-5)
+  assert texts == WORDS
+  assert open(scores_file + ".targets").read().split() == WORDS
+  assert [float(x) for x in open(scores_file + ".scores").read().split()] == pytest.approx(scores, rel=1e-5)
+
+  summary_dir = tmp_path / "eval"
+  evaluated = utils.eval_model(estimator, VOCAB, LENGTHS, BATCH, "validation", str(model_dir),
+                               copy_eval_datasets, str(summary_dir), 5)
+  predictions = (summary_dir / "copy_5_predictions").read_text().splitlines()
+  assert (summary_dir / "copy_targets").read_text().split() == WORDS
+  assert evaluated == {5: {"copy": exact_match(WORDS, predictions)}}
+  assert progress.read_scalars(str(summary_dir), "eval/copy/accuracy") == [(5,
+                                                                            evaluated[5]["copy"]["accuracy"])]
+
+  (tmp_path / "words.txt").write_text("\n".join(WORDS) + "\n")
+  with gin.unlock_config():
+    gin.bind_parameter("utils.decode_from_file.input_filename", str(tmp_path / "words.txt"))
+    gin.bind_parameter("utils.decode_from_file.output_filename", str(tmp_path / "decodes"))
+  decodes = utils.infer_model(estimator, VOCAB, LENGTHS, BATCH, "bitransformer", str(model_dir), 5)[5]
+  assert decodes == predictions == (tmp_path / "decodes-5").read_text().splitlines()
+
+  export_dir = utils.export_model(estimator, str(tmp_path / "export"), VOCAB, LENGTHS, "bitransformer",
+                                  batch_size=BATCH)
+  assert export_dir == str(tmp_path / "export" / "5")
+  outputs = run_saved_model(export_dir, "outputs", inputs=WORDS[:BATCH])
+  assert [o.decode() for o in outputs] == decodes[:BATCH]
+
+  [batch] = [b for b, _ in zip(estimator.predict(eval_input_fn, yield_single_examples=False), range(1))]
+  assert batch["inputs"].shape == (BATCH, LENGTHS["inputs"]) and batch["outputs"].shape == (BATCH,
+                                                                                            LENGTHS["targets"])
+  np.testing.assert_array_equal(batch["inputs"], targets[:BATCH])
+
+  # A last batch of one example is padded with zero examples, whose scores are dropped.
+  five = lambda sequence_length, vocabulary, dataset_split: copy_dataset(None, None, None).take(5)
+  np.testing.assert_allclose(utils.score_from_dataset(scorer, VOCAB, BATCH, LENGTHS, str(model_dir), -1,
+                                                      "validation",
+                                                      score_dataset_fn=five), log_likelihoods[:5], rtol=1e-5)
+
+
+def test_arguments_the_original_refuses_or_we_do_not_implement_are_named(tiny_gin, tmp_path):
+  estimator = make_estimator(tmp_path)
+  with pytest.raises(ValueError, match="At most one of skip_seen_data and checkpoint_input_pipeline"):
+    utils.train_model(estimator, VOCAB, LENGTHS, BATCH, copy_dataset, 1, None, skip_seen_data=True,
+                      checkpoint_input_pipeline=True)
+  with pytest.raises(ValueError, match="exactly one of steps"):
+    estimator.train(eval_input_fn)
+  with pytest.raises(NotImplementedError, match="ensemble_inputs = 2"):
+    utils.tpu_estimator_model_fn("lm", None, VOCAB, str(tmp_path), False, "batch:2", "batch:batch", 4,
+                                 LENGTHS,
+                                 True, None, 10, ensemble_inputs=2)
+  with pytest.raises(ValueError, match=r"No checkpoint in .* train first"):
+    list(estimator.predict(eval_input_fn))
+
+
+def test_hierarchical_tiling_spec_is_accepted_and_said_to_be_ignored_off_tpu(tiny_gin, tmp_path):
+  with gin.unlock_config():
+    gin.bind_parameter("utils.tpu_estimator_model_fn.hierarchical_tiling_spec", [("batch", None)])
+  model_fn = make_estimator(tmp_path).model_fn
+  assert model_fn.hierarchical_tiling_spec == [("batch", None)]
+  with pytest.warns(UserWarning, match="only maps the mesh onto TPU chips; on CPUs/GPUs it is ignored"):
+    impl = model_fn.mesh_impl()
+  assert isinstance(impl, mtf.placement_mesh_impl.PlacementMeshImpl)
+
+
+def test_model_fn_keeps_the_features_labels_mode_params_contract(tiny_gin, tmp_path):
+  model_fn = make_estimator(tmp_path).model_fn
+  with tf.Graph().as_default():
+    features = {"inputs": tf.ones([BATCH, 8], tf.int32), "targets": tf.ones([BATCH, 8], tf.int32),
+                "targets_pretokenized": tf.constant(["x"] * BATCH)}
+    spec = model_fn(features, None, estimator_lib.ModeKeys.EVAL, {"batch_size": BATCH})
+    assert spec.mode == "eval" and spec.loss.dtype == tf.float32
+    assert set(spec.eval_metric_ops) >= {"neg_log_perplexity", "token_accuracy", "sequence_accuracy",
+                                         "mean_label", "num_eval_tokens", "max_targets_length"}
+    with pytest.raises(ValueError, match="should have feature 'inputs'"):
+      model_fn({"targets": features["targets"]}, None, "train", {})
+    with pytest.raises(ValueError, match="expected one of"):
+      model_fn(features, None, "predict", {})
