@@ -115,8 +115,38 @@ def _row(problem, assignment: dict):
   return row
 
 
-def format_report(graph, report: cost_model.CostReport, warnings) -> str:
-  """The text explanation: collectives table, memory, time and warnings."""
+def fits_line(report: cost_model.CostReport) -> str:
+  """`fits: yes|no (<used> of <limit> per processor)` against the time model's memory size."""
+  limit, used = report.time_model.memory_bytes, report.memory.total_bytes
+  if limit is None:
+    return (
+      f"fits: unknown ({_gb(used)} per processor; the {report.time_model.name} time model has no "
+      f"memory size: pass an accelerator such as tpu_v3 or h100)"
+    )
+  return f"fits: {'yes' if report.memory.fits(limit) else 'no'} ({_gb(used)} of {_gb(limit)} per processor)"
+
+
+def predicted_line(report: cost_model.CostReport, tokens_per_step=None) -> str:
+  """`predicted: <N> tokens/s, <U>% of peak FLOP/s` (steps/s when the tokens per step are unknown)."""
+  rate = (
+    f"{tokens_per_step / report.step_s:,.0f} tokens/s"
+    if tokens_per_step
+    else f"{1 / report.step_s:,.3g} steps/s"
+  )
+  return f"predicted: {rate}, {100 * utilization(report):.1f}% of peak FLOP/s"
+
+
+def utilization(report: cost_model.CostReport) -> float:
+  """The share of the processor's peak FLOP/s the predicted step uses."""
+  return report.flops / (report.step_s * report.time_model.flops_per_s)
+
+
+def _gb(num_bytes: float) -> str:
+  return f"{num_bytes / 1e9:,.2f} GB"
+
+
+def format_report(graph, report: cost_model.CostReport, warnings, tokens_per_step=None) -> str:
+  """The text explanation: collectives table, memory, time, the fits/predicted lines and warnings."""
   ops = {op.name: op for op in graph.operations}
   lines = [
     f"Layout {';'.join(f'{d}:{m}' for d, m in _rules_of(report.layout_rules)) or '(replicated)'} "
@@ -140,11 +170,15 @@ def format_report(graph, report: cost_model.CostReport, warnings) -> str:
     "",
     f"Collectives: {len(report.events)}, {report.comm_bytes_per_processor:,.0f} bytes sent per processor.",
     f"Memory per processor: variables {m.variable_bytes:,} + optimizer state {m.slot_bytes:,} + activation "
-    f"peak {m.activation_peak_bytes:,} = {m.total_bytes:,} bytes.",
+    f"peak {m.activation_peak_bytes:,} + communication buffer {m.comm_buffer_bytes:,} = {m.total_bytes:,} "
+    f"bytes (the peak holds the gradients alive then, {m.gradient_bytes:,} bytes for all variables; "
+    f"{'layers rematerialised' if m.remat else 'no rematerialisation'}).",
     f"Compute per processor: {report.flops:,} FLOPs.",
     f"Predicted step ({report.time_model.name} time model): {report.step_s * 1e3:.3f} ms = compute "
     f"{report.compute_s * 1e3:.3f} + communication {report.comm_s * 1e3:.3f} + op overhead "
     f"{report.overhead_s * 1e3:.3f}.",
+    fits_line(report),
+    predicted_line(report, tokens_per_step),
   ]
   lines += [""] + [str(w) for w in warnings] if warnings else ["", "No avoidable communication found."]
   return "\n".join(lines)
