@@ -14,6 +14,7 @@ from mesh_tensorflow.transformer import (
     t2t_vocabulary as t2t_vocabulary,
     transformer as transformer,
     transformer_layers as transformer_layers,
+    universal_transformer as universal_transformer,
     utils as utils,
     vocabulary as vocabulary,
 )
