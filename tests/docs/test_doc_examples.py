@@ -57,6 +57,9 @@ NOT_RUN = {
     ("bash", "scripts/run_tests.sh"): "installs packages and runs the whole test suite",
     ("bash", "scripts/run_example.sh"): "installs packages, then runs the main example",
     ("bash", "scripts/build_api_docs.sh"): "run by tests/docs/test_api_reference.py",
+    ("bash", "scripts/setup_original.sh"): "downloads mesh-tensorflow 0.1.21 from PyPI",
+    (".venv/bin/python", "-m", "pytest", "-q", "-s", "tests/differential"):
+        "needs the original (scripts/setup_original.sh) and runs for minutes",
 }
 
 

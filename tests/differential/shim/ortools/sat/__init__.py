@@ -1,0 +1,1 @@
+"""Part of the stand-in for ortools (see cp_model.py)."""
