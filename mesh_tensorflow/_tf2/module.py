@@ -16,6 +16,7 @@ import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._core.graph import Graph, Mesh
 from mesh_tensorflow._lowering.lowering import Lowering
+from mesh_tensorflow._optimize.base import Optimizer
 from mesh_tensorflow._tf2.variables import VariableStore, WholeValue
 
 
@@ -39,7 +40,7 @@ class MeshModule(tf2.Module):
   Example:
     module = mtf.tf2.MeshModule(mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "batch:all",
                                                                           ["cpu:0", "cpu:1"]))
-    step = mtf.tf2.TrainStep(module, loss_fn, mtf.optimize.SgdOptimizer(0.1),
+    step = mtf.tf2.TrainStep(module, loss_fn, lambda: mtf.optimize.SgdOptimizer(0.1),
                              [tf.TensorSpec([8, 4], tf.float32)])
     loss = step(x)
   """
@@ -186,14 +187,22 @@ class TrainStep(MeshFunction):
   Args:
     module: the MeshModule owning the variables.
     loss_fn: loss_fn(mesh, *inputs) -> an mtf scalar loss.
-    optimizer: an mtf.optimize.Optimizer (SgdOptimizer, AdafactorOptimizer, ...).
+    optimizer_fn: a function returning an mtf.optimize.Optimizer, e.g.
+      `lambda: mtf.optimize.AdafactorOptimizer()`. It is called while the step is lowered, where
+      the module's step is the global step: AdafactorOptimizer reads the global step when it is
+      constructed, so one built eagerly beforehand would keep that step's rates for ever.
     input_signature: one tf.TensorSpec per input.
     random_position: "step" (default): dropout masks follow the step counter, so a run resumed
       from a checkpoint draws the masks an uninterrupted run would; None: mtf's evaluation counter.
   """
 
-  def __init__(self, module: MeshModule, loss_fn: Callable, optimizer, input_signature: Sequence,
-               random_position: Optional[str] = "step"):
+  def __init__(self, module: MeshModule, loss_fn: Callable, optimizer_fn: Callable,
+               input_signature: Sequence, random_position: Optional[str] = "step"):
+    if not callable(optimizer_fn) or isinstance(optimizer_fn, Optimizer):
+      raise ValueError(
+          f"TrainStep: optimizer_fn must be a function returning an mtf optimizer, got "
+          f"{optimizer_fn!r}; pass e.g. `lambda: mtf.optimize.AdafactorOptimizer()`, so that it is "
+          f"built inside the step and reads the module's step counter as the global step.")
 
     def step_fn(mesh, *inputs):
       loss = loss_fn(mesh, *inputs)
@@ -203,7 +212,7 @@ class TrainStep(MeshFunction):
       variables = mesh.graph.trainable_variables
       grads = _gradients(loss, variables)
       with tf.name_scope("optimizer"):
-        updates = optimizer.apply_grads(grads, variables)
+        updates = optimizer_fn().apply_grads(grads, variables)
       return loss, updates
 
     super().__init__(module, step_fn, list(input_signature), random_position)

@@ -48,8 +48,12 @@ def mesh_impl(name: str):
       shape, layout, cpu_devices(mtf.convert_to_shape(shape).size))
 
 
-def session_mode_losses(name: str, data: list) -> list:
-  """The losses of training on `data` in a tf.compat.v1 graph and session (the reference)."""
+def session_mode_losses(name: str, data: list, optimizer_fn=None) -> list:
+  """The losses of training on `data` in a tf.compat.v1 graph and session (the reference).
+
+  The global step is incremented after each step's updates, as mtf's Transformer driver does.
+  """
+  optimizer_fn = optimizer_fn or (lambda: mtf.optimize.SgdOptimizer(LEARNING_RATE))
   with tf.Graph().as_default():
     x = tf.placeholder(tf.float32, [BATCH, INPUT])
     y = tf.placeholder(tf.float32, [BATCH, OUTPUT])
@@ -58,10 +62,12 @@ def session_mode_losses(name: str, data: list) -> list:
     loss = loss_fn(mesh, x, y)
     variables = graph.trainable_variables
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-    updates = mtf.optimize.SgdOptimizer(LEARNING_RATE).apply_grads(grads, variables)
+    global_step = tf.train.get_or_create_global_step()
+    updates = optimizer_fn().apply_grads(grads, variables)
     lowering = mtf.Lowering(graph, {mesh: mesh_impl(name)})
     tf_loss = lowering.export_to_tf_tensor(loss)
-    train = tf.group([lowering.lowered_operation(u) for u in updates])
+    with tf.control_dependencies([lowering.lowered_operation(u) for u in updates]):
+      train = tf.assign_add(global_step, 1)
     copy = lowering.copy_masters_to_slices()
     with tf.Session(config=session_config()) as sess:
       sess.run(tf.global_variables_initializer())
@@ -71,4 +77,4 @@ def session_mode_losses(name: str, data: list) -> list:
 
 def train_step(module, dropout_rate: float = 0.0):
   return mtf.tf2.TrainStep(module, lambda mesh, x, y: loss_fn(mesh, x, y, dropout_rate),
-                           mtf.optimize.SgdOptimizer(LEARNING_RATE), INPUT_SIGNATURE)
+                           lambda: mtf.optimize.SgdOptimizer(LEARNING_RATE), INPUT_SIGNATURE)

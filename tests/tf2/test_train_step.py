@@ -19,6 +19,16 @@ def test_twenty_steps_give_the_session_mode_losses(mesh_name):
   assert int(module.step) == 20
 
 
+def test_adafactor_follows_the_step_counter_as_in_session_mode():
+  """Its default rates depend on the global step: the module's step, built inside the step."""
+  data = mlp.batches(6)
+  module = mtf.tf2.MeshModule(mlp.mesh_impl("mesh_2x4"))
+  step = mtf.tf2.TrainStep(module, mlp.loss_fn, mtf.optimize.AdafactorOptimizer, mlp.INPUT_SIGNATURE)
+  np.testing.assert_allclose([float(step(x, y)) for x, y in data],
+                             mlp.session_mode_losses("mesh_2x4", data, mtf.optimize.AdafactorOptimizer),
+                             rtol=1e-5)
+
+
 def test_calls_after_the_first_build_and_lower_nothing(monkeypatch):
   counts = {"lowerings": 0, "graphs": 0}
   lowering_init, graph_init = mtf.Lowering.__init__, mtf.Graph.__init__
@@ -94,10 +104,12 @@ def test_bad_arguments_are_named():
   sliced = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "", ["cpu:0", "cpu:1"], masters="sliced")
   with pytest.raises(ValueError, match="masters='whole'"):
     mtf.tf2.MeshModule(sliced)
+  with pytest.raises(ValueError, match="optimizer_fn must be a function"):
+    mtf.tf2.TrainStep(module, mlp.loss_fn, mtf.optimize.SgdOptimizer(0.1), mlp.INPUT_SIGNATURE)
   batch = mtf.Dimension("batch", mlp.BATCH)
   not_scalar = mtf.tf2.TrainStep(
       module, lambda mesh, x, y: mtf.reduce_sum(mtf.import_tf_tensor(
           mesh, x, [batch, mtf.Dimension("inp", mlp.INPUT)]), output_shape=[batch]),
-      mtf.optimize.SgdOptimizer(0.1), mlp.INPUT_SIGNATURE)
+      lambda: mtf.optimize.SgdOptimizer(0.1), mlp.INPUT_SIGNATURE)
   with pytest.raises(ValueError, match="return a scalar loss"):
     not_scalar(*mlp.batches(1)[0])
