@@ -96,6 +96,7 @@ class Served:
   infer_dir: str
   score_dir: str
   infer_mesh_dir: str
+  second_export_error: str
 
 
 def _decoded(hexes):
@@ -122,6 +123,8 @@ def _serve(directory, bindings, inputs, targets, score_with_inputs, sampled_bind
           "score_features": ["inputs", "targets"] if score_with_inputs else ["targets"],
           "infer": run(model_dir, "export_infer", export_path=str(directory / "infer")),
           "score": run(model_dir, "export_score", export_path=str(directory / "score"))}
+  with pytest.raises(ValueError) as again:
+    run(model_dir, "export_infer", export_path=str(directory / "infer"))
   spec["infer_mesh"] = spec["sampled"] = None
   if sampled_binding:
     with gin.unlock_config():
@@ -131,7 +134,8 @@ def _serve(directory, bindings, inputs, targets, score_with_inputs, sampled_bind
       gin.bind_parameter(sampled_binding, 1.0)
       gin.bind_parameter("utils.export_serving.devices", "one")
     spec["sampled"] = run(model_dir, "export_infer", export_path=str(directory / "sampled"))
-  return Served(decodes, scores, _run_client(spec), spec["infer"], spec["score"], spec["infer_mesh"])
+  return Served(decodes, scores, _run_client(spec), spec["infer"], spec["score"], spec["infer_mesh"],
+                str(again.value))
 
 
 def _run_client(spec: dict) -> dict:
@@ -218,6 +222,11 @@ def test_the_default_export_names_no_device_and_the_mesh_export_keeps_the_meshs(
   assert _node_devices(lm.infer_dir) == {""}
   assert any(d.upper().endswith("CPU:1") for d in _node_devices(lm.infer_mesh_dir))
   assert _decoded(lm.client["tf1_mesh_devices"]) == lm.decodes
+
+
+def test_exporting_a_step_again_to_the_same_place_is_refused_naming_the_directory(lm):
+  assert lm.second_export_error.startswith(f"{lm.infer_dir} already exists")
+  assert "utils.run.export_path" in lm.second_export_error
 
 
 def test_an_unknown_devices_value_is_refused():

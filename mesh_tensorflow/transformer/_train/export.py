@@ -127,6 +127,9 @@ def export_model(runner: loop.ModelRunner, vocabulary, checkpoint: str, export_d
   if not checkpoint or not tf.io.gfile.exists(checkpoint + ".index"):
     raise ValueError(f"No checkpoint {checkpoint!r} to export; train first or set export_checkpoint_step.")
   path = os.path.join(export_dir, str(loop.checkpoint_step(checkpoint)))
+  if tf.io.gfile.exists(path):
+    raise ValueError(f"{path} already exists (an export of this checkpoint step): remove it, or export to "
+                     f"another directory (utils.run.export_path).")
   batch = runner.batch_size
   with tf.Graph().as_default():
     loop.set_random_seed(runner.random_seed)
