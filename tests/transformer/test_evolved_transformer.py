@@ -62,15 +62,16 @@ def pad_channels(x, size: int):
   return tf.pad(x, [[0, 0], [0, 0], [0, size - int(x.shape[-1])]])
 
 
-@pytest.mark.parametrize("mesh_shape,layout", MESHES)
-def test_gated_linear_unit_is_a_linear_half_times_a_sigmoid_half(mesh_shape, layout):
+@pytest.mark.parametrize("mesh_shape,layout,mode", [MESHES[0] + ("graph",), MESHES[1] + ("graph",),
+                                                    MESHES[1] + ("eager",)])
+def test_gated_linear_unit_is_a_linear_half_times_a_sigmoid_half(mesh_shape, layout, mode):
   def reference(x, variables):
     def dense(i):
       scope = "layer/glu_%d/" % i
       return tf.einsum("bld,de->ble", x, variables[scope + "kernel"]) + variables[scope + "bias"]
     return dense(0) * tf.sigmoid(dense(1))
   check_layer(_build(evolved_transformer.GatedLinearUnitLayer()), reference, [(_x(), X_SHAPE)], mesh_shape,
-              layout)
+              layout, mode=mode)
 
 
 def test_encoder_convolutional_layer_sums_a_dense_and_a_conv_branch_then_a_separable_conv():

@@ -38,14 +38,15 @@ def _build(layer_or_fn, **context_kwargs):
   return build
 
 
-@pytest.mark.parametrize("mesh_shape,layout", MESHES)
-def test_dense_relu_dense_fixup_shifts_the_hidden_layer_and_starts_with_zero_output(mesh_shape, layout):
+@pytest.mark.parametrize("mesh_shape,layout,mode", [MESHES[0] + ("graph",), MESHES[1] + ("graph",),
+                                                    MESHES[1] + ("eager",)])
+def test_dense_relu_dense_fixup_shifts_the_hidden_layer_and_starts_with_zero_output(mesh_shape, layout, mode):
   layer = fixup_layers.DenseReluDenseFixup(hidden_size=D_FF, num_blocks=NUM_BLOCKS)
 
   def reference(x, variables):
     h = tf.nn.relu(tf.einsum("bld,df->blf", x, variables["layer/wi/kernel"])) + variables["layer/shift"]
     return tf.einsum("blf,fd->bld", h, variables["layer/wo/kernel"])
-  result = check_layer(_build(layer), reference, [(_x(), X_SHAPE)], mesh_shape, layout)
+  result = check_layer(_build(layer), reference, [(_x(), X_SHAPE)], mesh_shape, layout, mode=mode)
   assert sorted(result.variables) == ["layer/shift", "layer/wi/kernel", "layer/wo/kernel"]
   assert result.shapes["layer/shift"].to_integer_list == [1]
   np.testing.assert_array_equal(result.variables["layer/wo/kernel"], 0.0)

@@ -72,7 +72,8 @@ def _x():
   return RNG.randn(BATCH, LENGTH, D_MODEL).astype(np.float32)
 
 
-def test_basic_recurrence_reuses_one_set_of_layer_weights_with_a_learned_step_signal():
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_basic_recurrence_reuses_one_set_of_layer_weights_with_a_learned_step_signal(mode):
   stack = _stack(add_step_timing_signal=True, num_rec_steps=3)
 
   def reference(x, variables):
@@ -80,7 +81,7 @@ def test_basic_recurrence_reuses_one_set_of_layer_weights_with_a_learned_step_si
     for step in range(3):
       x = tf_ffn_pass(x + embedding[step], variables)
     return tf_layer_norm(x, variables)
-  result = check_layer(_build(stack), reference, [(_x(), X_SHAPE)], *MESH)
+  result = check_layer(_build(stack), reference, [(_x(), X_SHAPE)], *MESH, mode=mode)
   assert sorted(result.variables) == sorted([
       "stack/ffn/layer_prepostprocess/layer_norm/layer_norm_scale",
       "stack/ffn/layer_prepostprocess/layer_norm/layer_norm_bias", "stack/ffn/DenseReluDense/wi/kernel",
