@@ -97,7 +97,12 @@ class MeshModule(tf2.Module):
     return tf_outputs, run, lowering, list(store.created)
 
   def _adopt(self, lowering, created: list) -> None:
-    """After a trace: initialise the new variables' slices and checkpoint their whole values."""
+    """After a trace: initialise the new variables' slices and checkpoint their whole values.
+
+    The copy covers every variable of the new lowering, some of which earlier functions may have
+    trained: their masters are brought up to date first.
+    """
+    self.sync_masters()
     self._lowerings.append(lowering)
     _copy_eagerly([lowering], "copy_master_to_slices")
     for variable in lowering.graph.all_variables:

@@ -65,6 +65,10 @@ def test_an_evaluation_function_shares_the_trained_variables():
   assert before == pytest.approx(first_loss, rel=1e-6)
   assert after < before
   assert int(module.step) == 4  # evaluating does not count as a step
+  # a function first built after training starts from the trained weights too
+  late = module.function(lambda mesh, x, y: (mlp.loss_fn(mesh, x, y), []), mlp.INPUT_SIGNATURE)
+  assert float(late(*data[0])) == pytest.approx(after, rel=1e-6)
+  assert float(evaluate(*data[0])) == pytest.approx(after, rel=1e-6)
   # the module's variables: the masters and 2x4's slice variables, found by name
   assert sorted(module.mtf_variables) == ["w1", "w2"]
 
