@@ -114,7 +114,8 @@ def separable_conv1d(x: mtf.Tensor, output_dim, min_relative_pos: int = -1, max_
 
   Depthwise part: for each relative position r in [min_relative_pos, max_relative_pos] (index
   i), x shifted by -r along length (zero fill) times a per-depth kernel `depthwise_dense_<i>`
-  [depth] (bias on i == 0 only), all summed. Pointwise part: dense `pointwise_dense` [depth, out].
+  [depth] (bias on i == 0 only), all summed; the kernels' initializer has variance
+  depthwise_filter_initializer_scale / the filter size. Pointwise part: dense `pointwise_dense` [depth, out].
   Scopes: `<name or separable_conv1d>/depthwise_conv_hack/depthwise_dense_<i>` and
   `<name or separable_conv1d>/pointwise_dense`. `kernel_depth_weights`, if given, is one [depth]
   kernel Tensor per relative position (then no depthwise kernel variables are made).
@@ -133,7 +134,7 @@ def separable_conv1d(x: mtf.Tensor, output_dim, min_relative_pos: int = -1, max_
         depthwise.append(dense_layers.dense(
             shifted, new_dims=[], reduced_dims=[], expert_dims=[depth_dim], use_bias=use_bias and i == 0,
             kernel_initializer=dense_layers.VarianceScalingInitializer(
-                scale=depthwise_filter_initializer_scale),
+                scale=depthwise_filter_initializer_scale / len(relative_positions)),
             kernel_weights=None if kernel_depth_weights is None else kernel_depth_weights[i],
             name="depthwise_dense_%d" % i))
     return dense_layers.dense(

@@ -1,11 +1,16 @@
-"""Causal 1-D convolution layers over the length dimension, with incremental-decoding states.
+"""1-D convolution layers over the length dimension, with incremental-decoding states.
 
 Re-exported (and gin-registered) as `mesh_tensorflow.transformer.transformer_layers.<Name>`.
-x is [batch..., length, channels]: the layers take the length dim from x. In decoding, a
-convolution keeps as its state the last inputs it saw (window dim `<length>_filter_width` when
-recorded here; a state whose window dim has another name, e.g. 0.1.21's `length`, is read the
-same): "first_part" records the inputs before `initial_position`, each "incremental" step
-shifts the window by one and appends the current input.
+x is [batch..., length, channels]: the layers take the length dim from x. As in 0.1.21, a full
+(non-incremental) pass zeroes x where `context.inputs == 0` (padding; in a decoder also the
+shifted-in start position) and convolves over the whole sequence: Conv1DLayer pads "SAME" (a
+centred filter, which sees later positions), SeparableConv1DLayer covers its relative positions.
+In decoding, a convolution keeps as its state the last inputs it saw (window dim
+`<length>_filter_width` when recorded here; a state whose window dim has another name, e.g.
+0.1.21's `length`, is read the same): "first_part" records the (unmasked) inputs before
+`initial_position`, each "incremental" step shifts the window by one, appends the current input
+and convolves the window causally: the output at step t sees inputs t-window+1..t only. So, as
+in 0.1.21, incremental outputs equal the full pass only for a causal filter over unmasked inputs.
 """
 
 from __future__ import annotations
@@ -19,6 +24,14 @@ from mesh_tensorflow.transformer._attention_layers import GIN_MODULE
 
 def _apply_activation(x: mtf.Tensor, activation: str) -> mtf.Tensor:
   return x if activation == "linear" else getattr(mtf, activation)(x)
+
+
+def _mask_padding(layer, context, x: mtf.Tensor) -> mtf.Tensor:
+  """x zeroed where context.inputs == 0 (0.1.21 masks every non-incremental pass this way)."""
+  if context.inputs is None:
+    raise ValueError(f"{type(layer).__name__}: a {context.mode!r} pass zeroes x where context.inputs == 0, "
+                     f"but context.inputs is None; build the context with the layer stack's input ids.")
+  return x * mtf.cast(mtf.not_equal(context.inputs, 0), context.activation_dtype)
 
 
 def _output_dim(x: mtf.Tensor, output_size: int) -> mtf.Dimension:
@@ -72,11 +85,14 @@ class Conv1D(transformer.TransformerLayer):
 
 @gin.configurable(module=GIN_MODULE)
 class Conv1DLayer(Conv1D):
-  """Causal convolution: output t sees inputs t-filter_size+1..t (zero-padded on the left).
+  """1-D convolution over the length with the channels as depth (0.1.21's math and variable).
 
+  Full pass: x zeroed where context.inputs == 0, then a "SAME" convolution (output t sees
+  inputs t - (filter_size - 1) // 2 .. t + filter_size // 2). Incremental step t: a "VALID"
+  convolution of the window of inputs t - filter_size + 1 .. t (causal; see the module doc).
   Variable `conv2d/kernel` [1, filter_size, d_model, output_size] (glorot-uniform; float32
   master, x's dtype in the computation). Packed sequences are not separated: information may
-  cross example boundaries. Reads only context.mode, activation_dtype (and, decoding,
+  cross example boundaries. Reads only context.inputs, mode and activation_dtype (and, decoding,
   initial_position and the states), so a stand-in context works.
   """
 
@@ -91,11 +107,13 @@ class Conv1DLayer(Conv1D):
       self.record_states_first_part_mode(context, x, self.filter_size)
     if context.mode == "incremental":
       x = self.record_states_incremental_mode(context, x, self.filter_size)
+      padding = "VALID"
     else:
-      x = mtf.pad(x, [self.filter_size - 1, 0], x.shape.dims[-2].name)
+      x = _mask_padding(self, context, x)
+      padding = "SAME"
     channels = x.shape.dims[-1]
     x = mtf.rename_dimension(x, channels.name, "_" + channels.name)  # the kernel holds in and out channels
-    y = mtf.layers.conv1d(x, output_dim=output_dim, filter_size=self.filter_size, padding="VALID",
+    y = mtf.layers.conv1d(x, output_dim=output_dim, filter_size=self.filter_size, padding=padding,
                           filter_initializer=tf.glorot_uniform_initializer())
     if context.mode == "incremental":
       y = mtf.reshape(y, y.shape - [y.shape.dims[-2]])  # the one output position of the window
@@ -106,8 +124,9 @@ class Conv1DLayer(Conv1D):
 class SeparableConv1DLayer(Conv1D):
   """Depthwise-separable convolution over relative positions [min_relative_pos, max_relative_pos].
 
-  Wraps mtf.layers.separable_conv1d (variables `separable_conv1d/...`). Decoding needs a causal
-  filter (max_relative_pos <= 0); its state holds the last 1 - min_relative_pos inputs.
+  Wraps mtf.layers.separable_conv1d (variables `separable_conv1d/...`); a full pass first zeroes
+  x where context.inputs == 0. Decoding needs a causal filter (max_relative_pos <= 0); its
+  state holds the last 1 - min_relative_pos inputs.
   """
 
   def __init__(self, min_relative_pos: int, max_relative_pos: int, output_size: int,
@@ -138,6 +157,8 @@ class SeparableConv1DLayer(Conv1D):
       self.record_states_first_part_mode(context, x, self.window_size)
     if context.mode == "incremental":
       x = self.record_states_incremental_mode(context, x, self.window_size)
+    else:
+      x = _mask_padding(self, context, x)
     y = mtf.layers.separable_conv1d(
         x, output_dim, min_relative_pos=self.min_relative_pos, max_relative_pos=self.max_relative_pos,
         depthwise_filter_initializer_scale=self.depthwise_filter_initializer_scale,

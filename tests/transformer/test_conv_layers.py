@@ -1,5 +1,6 @@
 """transformer_layers convolutions: Conv1DLayer, SeparableConv1DLayer, the conv-attention family,
-LocalConvAttnBlock and the Conv1D decoding-state helpers, against plain-TF references."""
+LocalConvAttnBlock and the Conv1D decoding-state helpers, against plain-TF references of 0.1.21's
+math (full passes zero x where the input ids are 0; Conv1DLayer pads "SAME")."""
 
 from __future__ import annotations
 
@@ -20,15 +21,27 @@ RNG = np.random.RandomState(2)
 BATCH, LENGTH, D_MODEL = 2, 6, 4
 X_SHAPE = "batch:2;length:6;d_model:4"
 SEPARABLE = "layer/separable_conv1d/"
+IDS_SHAPE = "batch:2;length:6"
+# Input ids: the second sequence ends in padding (id 0), where the layers zero x.
+IDS = np.array([[3, 1, 4, 1, 5, 9], [2, 6, 5, 0, 0, 0]], np.int32)
 
 
 def _x():
   return RNG.randn(BATCH, LENGTH, D_MODEL).astype(np.float32)
 
 
+def _x_and_ids():
+  return [(_x(), X_SHAPE), (IDS, IDS_SHAPE)]
+
+
+def tf_masked(x, ids):
+  """x zeroed where the input id is 0."""
+  return x * tf.cast(tf.not_equal(ids, 0), x.dtype)[..., None]
+
+
 def _build(layer):
-  def build(x):
-    return call_layer(layer, make_context(x, model_stub(D_MODEL)), x)
+  def build(x, ids):
+    return call_layer(layer, make_context(x, model_stub(D_MODEL), inputs=ids), x)
   return build
 
 
@@ -49,14 +62,43 @@ def tf_separable(x, depthwise_kernels, variables, prefix=SEPARABLE, min_relative
 
 
 @pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("batch:2", "batch:batch")])
-def test_conv1d_layer_is_a_causal_convolution(mesh_shape, layout):
+def test_conv1d_layer_zeroes_padding_then_convolves_with_same_padding(mesh_shape, layout):
   layer = transformer_layers.Conv1DLayer(filter_size=3, output_size=D_MODEL, activation="relu")
 
-  def reference(x, variables):
-    padded = tf.pad(x, [[0, 0], [2, 0], [0, 0]])
-    return tf.nn.relu(tf.nn.conv1d(padded, variables["layer/conv2d/kernel"][0], stride=1, padding="VALID"))
-  result = check_layer(_build(layer), reference, [(_x(), X_SHAPE)], mesh_shape, layout)
+  def reference(x, ids, variables):
+    return tf.nn.relu(tf.nn.conv1d(tf_masked(x, ids), variables["layer/conv2d/kernel"][0], stride=1,
+                                   padding="SAME"))
+  result = check_layer(_build(layer), reference, _x_and_ids(), mesh_shape, layout)
   assert result.shapes["layer/conv2d/kernel"].to_integer_list == [1, 3, D_MODEL, D_MODEL]
+
+
+def test_conv1d_layer_with_an_even_filter_sees_one_more_later_position_than_earlier():
+  """TF's "SAME" for filter_size 4: output t sees inputs t-1 .. t+2 (as 0.1.21's full pass)."""
+  kernel = RNG.randn(1, 4, D_MODEL, 1).astype(np.float32)
+  x, ids = _x(), np.ones([BATCH, LENGTH], np.int32)
+  padded = np.pad(x, [(0, 0), (1, 2), (0, 0)])
+  expected = np.stack([np.einsum("bld,ldo->bo", padded[:, t:t + 4], kernel[0]) for t in range(LENGTH)], 1)
+  layer = transformer_layers.Conv1DLayer(filter_size=4, output_size=1)
+  with mock.patch.object(tf, "glorot_uniform_initializer",
+                         return_value=shape_keyed_initializer({kernel.shape: kernel})):
+    y, = lower_and_evaluate(lambda mesh: [_build(layer)(
+        mtf.import_tf_tensor(mesh, tf.constant(x), shape=X_SHAPE),
+        mtf.import_tf_tensor(mesh, tf.constant(ids), shape=IDS_SHAPE))])
+  np.testing.assert_allclose(y[..., 0], expected[..., 0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("make_layer", [
+    lambda: transformer_layers.Conv1DLayer(filter_size=3, output_size=D_MODEL),
+    lambda: transformer_layers.SeparableConv1DLayer(-1, 0, D_MODEL),
+], ids=["conv1d", "separable"])
+def test_full_passes_need_the_input_ids_for_the_padding_mask(make_layer):
+  layer = make_layer()
+
+  def build(mesh):
+    x = mtf.zeros(mesh, X_SHAPE)
+    return [call_layer(layer, make_context(x, model_stub(D_MODEL)), x)]
+  with pytest.raises(ValueError, match="zeroes x where context.inputs == 0, but context.inputs is None"):
+    lower_and_evaluate(build)
 
 
 def test_conv1d_layer_takes_its_kernel_from_tf_glorot_uniform_initializer_at_call_time():
@@ -64,21 +106,42 @@ def test_conv1d_layer_takes_its_kernel_from_tf_glorot_uniform_initializer_at_cal
   layer = transformer_layers.Conv1DLayer(filter_size=2, output_size=D_MODEL)
   with mock.patch.object(tf, "glorot_uniform_initializer",
                          return_value=shape_keyed_initializer({kernel.shape: kernel})):
-    def reference(x, variables):
-      padded = tf.pad(x, [[0, 0], [1, 0], [0, 0]])
-      return tf.nn.conv1d(padded, variables["layer/conv2d/kernel"][0], stride=1, padding="VALID")
-    result = check_layer(_build(layer), reference, [(_x(), X_SHAPE)])
+    def reference(x, ids, variables):
+      return tf.nn.conv1d(tf_masked(x, ids), variables["layer/conv2d/kernel"][0], stride=1, padding="SAME")
+    result = check_layer(_build(layer), reference, _x_and_ids())
   np.testing.assert_array_equal(result.variables["layer/conv2d/kernel"], kernel)
 
 
-def test_separable_conv1d_layer_sums_shifted_inputs_times_depthwise_kernels():
+def test_separable_conv1d_layer_sums_shifted_masked_inputs_times_depthwise_kernels():
   layer = transformer_layers.SeparableConv1DLayer(min_relative_pos=-2, max_relative_pos=1,
                                                   output_size=D_MODEL)
 
-  def reference(x, variables):
+  def reference(x, ids, variables):
     kernels = [variables[SEPARABLE + "depthwise_conv_hack/depthwise_dense_%d/kernel" % i] for i in range(4)]
-    return tf_separable(x, kernels, variables)
-  check_layer(_build(layer), reference, [(_x(), X_SHAPE)], "batch:2", "batch:batch")
+    return tf_separable(tf_masked(x, ids), kernels, variables)
+  check_layer(_build(layer), reference, _x_and_ids(), "batch:2", "batch:batch")
+
+
+def _initializer_stddevs(build) -> list:
+  """The stddevs of the truncated-normal initializers the build asks for, in order."""
+  stddevs = []
+  truncated_normal = tf.truncated_normal_initializer
+
+  def recording(stddev=1.0, **kwargs):
+    stddevs.append(stddev)
+    return truncated_normal(stddev=stddev, **kwargs)
+  with mock.patch.object(tf, "truncated_normal_initializer", recording):
+    lower_and_evaluate(build)
+  return stddevs
+
+
+def test_separable_conv1d_depthwise_initializer_variance_is_the_scale_over_the_filter_size():
+  """0.1.21: depthwise kernels VarianceScaling(scale / filter size); the pointwise one keeps its scale."""
+  layer = transformer_layers.SeparableConv1DLayer(-2, 1, D_MODEL, depthwise_filter_initializer_scale=2.0,
+                                                  pointwise_filter_initializer_scale=3.0)
+  stddevs = _initializer_stddevs(lambda mesh: [_build(layer)(mtf.zeros(mesh, X_SHAPE),
+                                                             mtf.ones(mesh, IDS_SHAPE, dtype=tf.int32))])
+  assert stddevs == [pytest.approx((2.0 / 4) ** 0.5)] * 4 + [pytest.approx((3.0 / D_MODEL) ** 0.5)]
 
 
 def _tiled_softmax(kernels, num_unique: int):
@@ -111,23 +174,17 @@ def test_conv_attention_kernels_are_tiled_and_softmax_normalised_over_the_window
   """0.1.21's math: kernel i over d_model / num_unique channels, tiled num_unique times, softmax over i."""
   make_layer, weights_fn = CONV_ATTENTION_CASES[name]
 
-  def reference(x, variables):
-    weights = weights_fn(x, variables)  # [(batch, length,) window, d_model]
-    return tf_separable(x, [weights[..., i, :] for i in range(4)], variables)
-  check_layer(_build(make_layer()), reference, [(_x(), X_SHAPE)], "batch:2", "batch:batch")
+  def reference(x, ids, variables):
+    weights = weights_fn(x, variables)  # [(batch, length,) window, d_model], from the unmasked x
+    return tf_separable(tf_masked(x, ids), [weights[..., i, :] for i in range(4)], variables)
+  check_layer(_build(make_layer()), reference, _x_and_ids(), "batch:2", "batch:batch")
 
 
 def test_conv_attention_kernel_initializer_variance_is_the_scale_over_the_filter_size():
   layer = transformer_layers.LightweightConv1DLocalAttn(-2, 1, D_MODEL,
                                                         depthwise_filter_initializer_scale=2.0)
-  stddevs = []
-  truncated_normal = tf.truncated_normal_initializer
-
-  def recording(stddev=1.0, **kwargs):
-    stddevs.append(stddev)
-    return truncated_normal(stddev=stddev, **kwargs)
-  with mock.patch.object(tf, "truncated_normal_initializer", recording):
-    lower_and_evaluate(lambda mesh: [_build(layer)(mtf.zeros(mesh, X_SHAPE))])
+  stddevs = _initializer_stddevs(lambda mesh: [_build(layer)(mtf.zeros(mesh, X_SHAPE),
+                                                             mtf.ones(mesh, IDS_SHAPE, dtype=tf.int32))])
   assert stddevs[:4] == [pytest.approx((2.0 / 4) ** 0.5)] * 4
 
 
@@ -136,7 +193,7 @@ def test_local_conv_attn_block_is_glu_then_conv_attention_then_a_projection(atte
   layer = transformer_layers.LocalConvAttnBlock(min_relative_pos=-2, max_relative_pos=1, output_size=D_MODEL,
                                                 attention_type=attention_type)
 
-  def reference(x, variables):
+  def reference(x, ids, variables):
     def dense(t, name):
       scope = "layer/%s/" % name
       return tf.einsum("bld,de->ble", t, variables[scope + "kernel"]) + variables[scope + "bias"]
@@ -145,9 +202,9 @@ def test_local_conv_attn_block_is_glu_then_conv_attention_then_a_projection(atte
       weights = _dynamic_weights(gated, variables, num_unique=1)
     else:
       weights = _lightweight_weights(gated, variables, num_unique=1)
-    convolved = tf_separable(gated, [weights[..., i, :] for i in range(4)], variables)
+    convolved = tf_separable(tf_masked(gated, ids), [weights[..., i, :] for i in range(4)], variables)
     return dense(convolved, "local_conv_attn_op_projection")
-  check_layer(_build(layer), reference, [(_x(), X_SHAPE)])
+  check_layer(_build(layer), reference, _x_and_ids())
 
 
 def test_conv_attention_arguments_are_checked():
@@ -157,7 +214,7 @@ def test_conv_attention_arguments_are_checked():
     transformer_layers.LightweightConv1DLocalAttn(-1, 0, D_MODEL, num_unique_depth_filters=3)
   with pytest.raises(NotImplementedError, match="define get_kernel_wt"):
     lower_and_evaluate(lambda mesh: [_build(transformer_layers.Conv1DLocalAttn(-1, 0, D_MODEL))(
-        mtf.zeros(mesh, X_SHAPE))])
+        mtf.zeros(mesh, X_SHAPE), mtf.ones(mesh, IDS_SHAPE, dtype=tf.int32))])
 
 
 def test_record_states_first_part_mode_keeps_the_inputs_before_the_initial_position():
@@ -204,12 +261,16 @@ def test_update_state_and_incremental_mode_shift_the_window_and_append_x():
                                                     output_size=D_MODEL),
 ], ids=["conv1d", "separable"])
 def test_conv_layers_run_with_a_stand_in_context_in_full_and_incremental_modes(make_layer):
+  """A step decodes the window of the last 2 inputs: for the separable filter [-1, 0] that is the full
+  pass at t; for Conv1DLayer's centred width-2 filter (t .. t+1 in the full pass) the full pass at t-1."""
   layer, x, t = make_layer(), _x(), 3
+  full_position = t - 1 if isinstance(layer, transformer_layers.Conv1DLayer) else t
 
   def build(mesh):
     xt = mtf.import_tf_tensor(mesh, tf.constant(x), shape=X_SHAPE)
     length_dim = xt.shape.dims[1]
-    full_context = mock.MagicMock(mode="train", length_dim=length_dim)
+    full_context = mock.MagicMock(mode="train", length_dim=length_dim, activation_dtype=tf.float32,
+                                  inputs=mtf.ones(mesh, IDS_SHAPE, dtype=tf.int32))
     with tf.variable_scope("layer"):
       full = layer.call(full_context, xt)
     state = mtf.import_tf_tensor(mesh, tf.constant(x[:, t - 2:t]),
@@ -221,24 +282,24 @@ def test_conv_layers_run_with_a_stand_in_context_in_full_and_incremental_modes(m
     new_state, = step_context.record_new_states.call_args[0][0]
     return [full, step, new_state]
   full, step, new_state = lower_and_evaluate(build)
-  np.testing.assert_allclose(step, full[:, t], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(step, full[:, full_position], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(new_state, x[:, t - 1:t + 1])
 
 
 MinimalContext = collections.namedtuple("MinimalContext", ["inputs", "activation_dtype", "mode"])
 
 
-def _tf_causal_conv(x, variables):
-  return tf.nn.conv1d(tf.pad(x, [[0, 0], [2, 0], [0, 0]]), variables["layer/conv2d/kernel"][0], 1, "VALID")
+def _tf_same_conv(x, ids, variables):
+  return tf.nn.conv1d(tf_masked(x, ids), variables["layer/conv2d/kernel"][0], 1, "SAME")
 
 
-def _tf_separable_4(x, variables):
+def _tf_separable_4(x, ids, variables):
   kernels = [variables[SEPARABLE + "depthwise_conv_hack/depthwise_dense_%d/kernel" % i] for i in range(4)]
-  return tf_separable(x, kernels, variables)
+  return tf_separable(tf_masked(x, ids), kernels, variables)
 
 
 @pytest.mark.parametrize("make_layer,conv_fn", [
-    (lambda: transformer_layers.Conv1DLayer(filter_size=3, output_size=2), _tf_causal_conv),
+    (lambda: transformer_layers.Conv1DLayer(filter_size=3, output_size=2), _tf_same_conv),
     (lambda: transformer_layers.SeparableConv1DLayer(min_relative_pos=-2, max_relative_pos=1, output_size=2),
      _tf_separable_4),
 ], ids=["conv1d", "separable"])
@@ -246,10 +307,9 @@ def test_conv_layers_take_the_length_from_x_with_a_context_of_inputs_dtype_and_m
   """0.1.21's own tests call the layers with only these three context fields."""
   layer = make_layer()
 
-  def build(x):
-    inputs = mtf.ones(x.mesh, x.shape - x.shape.dims[-1], dtype=tf.int32)
-    return call_layer(layer, MinimalContext(inputs, tf.float32, "train"), x)
-  result = check_layer(build, conv_fn, [(_x(), X_SHAPE)], "batch:2", "batch:batch")
+  def build(x, ids):
+    return call_layer(layer, MinimalContext(ids, tf.float32, "train"), x)
+  result = check_layer(build, conv_fn, _x_and_ids(), "batch:2", "batch:batch")
   assert np.shape(result.y) == (BATCH, LENGTH, 2)
 
 

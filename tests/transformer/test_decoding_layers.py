@@ -3,7 +3,10 @@
 Each layer runs once over the whole sequence, then as a decoder would: a "first_part" pass over
 a prefix (later positions zeroed, as in decoding) records its states, and "incremental" calls
 feed one position at a time, each reading the previous step's states. Every step's output must
-equal the full pass at that position.
+equal the full pass at that position. The input ids are all non-zero, so the convolutions' padding
+mask keeps every position. Conv1DLayer is the exception 0.1.21 makes: its full pass is a centred
+("SAME") convolution while a decoding step convolves the window ending at the step, so a step
+equals the full pass filter_size // 2 positions earlier.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def _decode(mesh, layer, x_np, encoder_np=None):
   extra = {}
   if encoder_np is not None:
     extra["encoder_output"] = mtf.import_tf_tensor(mesh, tf.constant(encoder_np), shape=ENCODER_SHAPE)
+  extra["inputs"] = mtf.ones(mesh, mtf.Shape([batch_dim, length_dim]), dtype=tf.int32)
   full = call_layer(layer, make_context(x, model, **extra), x)
   prefix = np.where(np.arange(LENGTH)[None, :, None] < INITIAL_POSITION, x_np, 0.0).astype(np.float32)
   prefix = mtf.import_tf_tensor(mesh, tf.constant(prefix), shape=X_SHAPE)
@@ -46,7 +50,8 @@ def _decode(mesh, layer, x_np, encoder_np=None):
         model=model, mesh=mesh, batch_dims=[batch_dim], length_dim=length_dim, variable_dtype=VARIABLE_DTYPE,
         mode="incremental", position=position, states=states, new_states=[],
         constant_states=first_part.constant_states, read_priority=position,
-        write_priority=mtf.range(mesh, length_dim, tf.int32), initial_position=initial_position, **extra)
+        write_priority=mtf.range(mesh, length_dim, tf.int32), initial_position=initial_position,
+        encoder_output=extra.get("encoder_output"))
     steps.append(call_layer(layer, context, mtf.gather(x, t, length_dim)))
     assert len(context.new_states) == len(states)
     states = context.new_states
@@ -65,7 +70,6 @@ DECODING_LAYERS = {
         key_heads_dims=[("heads", 4)], softmax_heads_dims=[("softmax_heads", 2)],
         value_heads_dims=[("heads", 4)], key_size=2, value_size=2, dynamic_projections=["x2l", "x2w"]),
     "general_bilinear": lambda: transformer_layers.GeneralBilinearSelfAttention(heads_dims=[("heads", 4)]),
-    "conv1d": lambda: transformer_layers.Conv1DLayer(filter_size=3, output_size=D_MODEL, activation="relu"),
     "separable_conv1d": lambda: transformer_layers.SeparableConv1DLayer(
         min_relative_pos=-4, max_relative_pos=0, output_size=D_MODEL),
     "dynamic_conv_block": lambda: transformer_layers.LocalConvAttnBlock(
@@ -90,6 +94,18 @@ def test_incremental_decoding_equals_full_pass(name):
   np.testing.assert_allclose(steps, full[:, INITIAL_POSITION:], rtol=1e-4, atol=1e-5)
 
 
+def test_conv1d_layer_decodes_the_window_ending_at_each_step():
+  """0.1.21's Conv1DLayer: full pass "SAME" (output t sees t-1..t+1), step t sees t-2..t."""
+  layer = transformer_layers.Conv1DLayer(filter_size=3, output_size=D_MODEL, activation="relu")
+  x = RNG.randn(BATCH, LENGTH, D_MODEL).astype(np.float32)
+  full, first_part, steps = lower_and_evaluate(lambda mesh: _decode(mesh, layer, x))
+  # The prefix pass sees zeros after the prefix, so it agrees with the full pass one position short of it.
+  prefix = slice(0, INITIAL_POSITION - 1)
+  np.testing.assert_allclose(first_part[:, prefix], full[:, prefix], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(steps, full[:, INITIAL_POSITION - 1:LENGTH - 1], rtol=1e-4, atol=1e-5)
+  assert not np.allclose(steps, full[:, INITIAL_POSITION:], atol=1e-3)
+
+
 def test_decoding_a_non_causal_separable_convolution_is_rejected():
   layer = transformer_layers.SeparableConv1DLayer(min_relative_pos=-1, max_relative_pos=1,
                                                   output_size=D_MODEL)
@@ -99,11 +115,12 @@ def test_decoding_a_non_causal_separable_convolution_is_rejected():
 
 
 def test_greedy_sampling_through_a_unitransformer_of_these_layers_matches_its_full_pass():
-  """The layers' state protocol fits Unitransformer.sample_autoregressive (first_part, then a while loop)."""
+  """The layers' state protocol fits Unitransformer.sample_autoregressive (first_part, then a while loop).
+
+  (Not the convolutions: as in 0.1.21 a decoder's full pass zeroes position 0, whose input id is the
+  shifted-in 0, and Conv1DLayer's full pass is centred, so their decodes differ from the full pass.)
+  """
   layers = [transformer_layers.LocalSelfAttention(radius=2, num_heads=2, key_value_size=4),
-            transformer_layers.Conv1DLayer(filter_size=2, output_size=D_MODEL),
-            transformer_layers.SeparableConv1DLayer(min_relative_pos=-2, max_relative_pos=0,
-                                                    output_size=D_MODEL),
             transformer_layers.DenseReluDense(hidden_size=8)]
   model = transformer.Unitransformer(
       layer_stack=named_layer_stack(layers), d_model=D_MODEL, input_vocab_size=8, output_vocab_size=8,
