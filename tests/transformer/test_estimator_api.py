@@ -20,6 +20,7 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import dataset as dataset_lib, utils
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer._train import checkpoints, progress
+from mesh_tensorflow.transformer._train import decode as decode_lib
 from mesh_tensorflow.transformer._train import estimator as estimator_lib
 from tests.transformer.test_run import run_saved_model
 
@@ -143,10 +144,13 @@ def test_the_originals_call_sequence_trains_resumes_evaluates_scores_decodes_and
   outputs = run_saved_model(export_dir, "outputs", inputs=WORDS[:BATCH])
   assert [o.decode() for o in outputs] == decodes[:BATCH]
 
-  [batch] = [b for b, _ in zip(estimator.predict(eval_input_fn, yield_single_examples=False), range(1))]
-  assert batch["inputs"].shape == (BATCH, LENGTHS["inputs"]) and batch["outputs"].shape == (BATCH,
-                                                                                            LENGTHS["targets"])
-  np.testing.assert_array_equal(batch["inputs"], targets[:BATCH])
+  # Estimator.export_saved_model over a receiver of token ids: the predictions are infer's decodes.
+  def receiver():
+    ids = tf.placeholder(tf.int32, [BATCH, LENGTHS["inputs"]], name="ids")
+    return estimator_lib.ServingInputReceiver({"inputs": ids}, {"ids": ids})
+  generic = estimator.export_saved_model(str(tmp_path / "generic"), receiver)
+  outputs = run_saved_model(generic, "outputs", ids=targets[:BATCH])
+  assert [VOCAB.decode(decode_lib.clean_ids(o)) for o in outputs] == decodes[:BATCH]
 
   # A last batch of one example is padded with zero examples, whose scores are dropped.
   five = lambda sequence_length, vocabulary, dataset_split: copy_dataset(None, None, None).take(5)
@@ -193,3 +197,101 @@ def test_model_fn_keeps_the_features_labels_mode_params_contract(tiny_gin, tmp_p
       model_fn({"targets": features["targets"]}, None, "train", {})
     with pytest.raises(ValueError, match="expected one of"):
       model_fn(features, None, "predict", {})
+
+
+def test_training_hooks_see_each_step_and_can_stop_it(tmp_path, tiny_gin):
+  calls = []
+
+  class StopAfterOneStep(tf.train.SessionRunHook):
+    def begin(self):
+      calls.append("begin")
+
+    def after_create_session(self, session, coord):
+      calls.append("session")
+
+    def before_run(self, run_context):
+      calls.append("before_run")
+      return tf.train.SessionRunArgs(tf.constant(7))
+
+    def after_run(self, run_context, run_values):
+      calls.append(("after_run", int(run_values.results)))
+      run_context.request_stop()
+
+    def end(self, session):
+      calls.append("end")
+
+  estimator = make_estimator(tmp_path)
+  batches = lambda params: copy_dataset(None, None, None).repeat().batch(params["batch_size"])
+  assert estimator.train(batches, steps=3, hooks=[StopAfterOneStep()]) is estimator
+  assert calls == ["begin", "session", "before_run", ("after_run", 7), "end"]
+  assert estimator.train_result["step"] == 1 and estimator.latest_checkpoint().endswith("model.ckpt-1")
+
+
+class EchoEstimator:
+  """Predicts without a model: in score mode each example's score is minus its first target id;
+  otherwise the outputs are the inputs (enough to check what the functions around predict do)."""
+
+  def __init__(self, model_dir, score):
+    self.model_dir, self.score = str(model_dir), score
+
+  def latest_checkpoint(self):
+    return checkpoints.latest_checkpoint(self.model_dir)
+
+  def predict(self, input_fn, checkpoint_path=None):
+    assert checkpoint_path in (None, self.latest_checkpoint())  # None: the latest
+    with tf.Graph().as_default():
+      batch = tf.data.make_one_shot_iterator(input_fn({"batch_size": BATCH})).get_next()
+      with tf.Session() as session:
+        while True:
+          try:
+            values = session.run(batch)
+          except tf.errors.OutOfRangeError:
+            return
+          for i in range(BATCH):
+            if self.score:
+              yield {"targets": values["targets"][i], "scores": -float(values["targets"][i][0])}
+            else:
+              yield {"inputs": values["inputs"][i], "outputs": values["inputs"][i]}
+
+
+@pytest.fixture
+def model_dir_at_step_7(tmp_path):
+  (tmp_path / "model.ckpt-7.index").write_bytes(b"")
+  return tmp_path
+
+
+def test_lazy_scoring_writes_tfrecord_shards_of_each_examples_text_and_score(model_dir_at_step_7):
+  prefix = str(model_dir_at_step_7 / "scores")
+  shards = utils.score_with_estimator_lazy(
+      EchoEstimator(model_dir_at_step_7, score=True), eval_input_fn, -1, str(model_dir_at_step_7), VOCAB,
+      score_postprocess_fn=functools.partial(utils.save_scores_to_tfrecords, scores_filename=prefix),
+      num_examples_per_shard=3)
+  assert shards == 3
+  records = [tf.train.Example.FromString(r.numpy()) for i in range(3)
+             for r in tf.data.TFRecordDataset(f"{prefix}_{i}.tfrecord")]
+  assert [r.features.feature["target"].bytes_list.value[0].decode() for r in records] == WORDS
+  scores = [r.features.feature["score"].float_list.value[0] for r in records]
+  assert scores == [-float(_ids(w)[0]) for w in WORDS]
+
+
+def test_save_scores_writes_scores_texts_and_lengths(tmp_path):
+  results = [{"targets": np.array(_ids(w)), "scores": -1.5 * i} for i, w in enumerate(WORDS[:3], 1)]
+  scores, texts = utils.save_scores(results, VOCAB, scores_filename=str(tmp_path / "s"))
+  assert scores == [-1.5, -3.0, -4.5] and texts == WORDS[:3]
+  assert (tmp_path / "s.scores").read_text().split() == ["-1.5", "-3", "-4.5"]
+  assert (tmp_path / "s.lengths").read_text().split() == ["4", "4", "4"]  # 3 bytes and EOS
+  with pytest.raises(ValueError, match="No examples were scored"):
+    utils.save_scores([], VOCAB)
+
+
+def test_decode_from_dataset_writes_predictions_targets_and_inputs(model_dir_at_step_7):
+  out = model_dir_at_step_7 / "decodes"
+  echo = EchoEstimator(model_dir_at_step_7, score=False)
+  results = utils.decode_from_dataset(echo, VOCAB, "lm", BATCH, LENGTHS, infer_dataset_fn=copy_eval_datasets,
+                                      decode_output_dir=str(out))
+  assert results == {"copy": WORDS}
+  assert (out / "copy_7_predictions").read_text().split() == WORDS
+  assert (out / "copy_targets").read_text().split() == (out / "copy_inputs").read_text().split() == WORDS
+  with pytest.raises(ValueError, match="decoder-only language models"):
+    utils.decode_from_dataset(None, VOCAB, "bitransformer", BATCH, LENGTHS,
+                              infer_dataset_fn=copy_eval_datasets, decode_output_dir=str(out))

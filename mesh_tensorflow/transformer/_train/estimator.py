@@ -358,13 +358,16 @@ class Estimator:
                                        self._config.tf_random_seed)
 
   def _restored(self, input_fn: Callable, mode: str, checkpoint_path: str):
-    """Builds the mode graph on input_fn's features; returns (graph, spec, session) restored."""
+    """Builds the mode graph on input_fn's features; returns (graph, spec, session) restored, with
+    the local variables (metric accumulators) initialised."""
     graph = tf.Graph()
     with graph.as_default():
       loop.set_random_seed(self._config.tf_random_seed)
       spec = self._model_fn(_dataset_features(input_fn, self.params), None, mode, self.params)
+      local_init = tf.local_variables_initializer()  # before any run: the graph is final then
       session = tf.Session(graph=graph, config=model_fn.session_config(self._model_fn.mesh_devices))
       loop.initialize_and_restore(session, spec.lowered.lowering, checkpoint_path)
+      session.run(local_init)
     return graph, spec, session
 
   def predict(self, input_fn: Callable, predict_keys=None, hooks=None, checkpoint_path: Optional[str] = None,
@@ -406,7 +409,6 @@ class Estimator:
     path = self._checkpoint(checkpoint_path)
     graph, spec, session = self._restored(input_fn, ModeKeys.EVAL, path)
     with graph.as_default(), session:
-      session.run(tf.local_variables_initializer())
       updates = [update for _, update in spec.eval_metric_ops.values()]
       batches = 0
       while steps is None or batches < steps:

@@ -29,6 +29,7 @@ from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer._train import decode as decode_lib
 from mesh_tensorflow.transformer._train import estimator as estimator_lib
 from mesh_tensorflow.transformer._train import export, inputs, loop, model_fn, progress
+from mesh_tensorflow.transformer._train.checkpoints import get_step_from_checkpoint_path
 from mesh_tensorflow.transformer._utils import GIN_MODULE
 from mesh_tensorflow.transformer._utils.checkpoint_selection import get_checkpoint_iterator
 from mesh_tensorflow.transformer._utils.features import (
@@ -112,7 +113,7 @@ def train_model(estimator, vocabulary, sequence_length, batch_size, train_datase
     del params
     dataset = dataset_fn().map(_filter_features).repeat().batch(batch_size, drop_remainder=True)
     latest = estimator.latest_checkpoint()
-    steps_to_skip = (loop.checkpoint_step(latest) - seen_data_init_step) if latest else 0
+    steps_to_skip = (get_step_from_checkpoint_path(latest) - seen_data_init_step) if latest else 0
     if steps_to_skip > 0:
       dataset = dataset.skip(steps_to_skip)
     return dataset.prefetch(2)
@@ -213,7 +214,7 @@ def decode_from_file(estimator, vocabulary, model_type, batch_size, sequence_len
   ids = _encode_rows(texts, vocabulary_lib.inputs_vocabulary(vocabulary),
                      sequence_length["targets" if lm else "inputs"], batch_size, 0 if lm else eos_id,
                      is_prompt=lm)
-  step = loop.checkpoint_step(checkpoint_path or estimator.latest_checkpoint())
+  step = get_step_from_checkpoint_path(checkpoint_path or estimator.latest_checkpoint())
   decodes = list(decode(estimator, _batches_input_fn({"inputs": ids}, batch_size, repeats), vocabulary,
                         checkpoint_path=checkpoint_path))[:len(texts) * repeats]
   path = "%s-%d" % (output_filename, step)
@@ -236,7 +237,7 @@ def decode_from_dataset(estimator, vocabulary, model_type, batch_size, sequence_
                      f"{model_type!r}.")
   infer_datasets = infer_dataset_fn(sequence_length=sequence_length, vocabulary=vocabulary,
                                     dataset_split=dataset_split)
-  step = loop.checkpoint_step(checkpoint_path or estimator.latest_checkpoint())
+  step = get_step_from_checkpoint_path(checkpoint_path or estimator.latest_checkpoint())
   decodes = list(decode(estimator, _combined_input_fn(infer_datasets, batch_size, sequence_length),
                         vocabulary,
                         checkpoint_path=checkpoint_path))
@@ -439,10 +440,9 @@ def infer_model(estimator, vocabulary, sequence_length, batch_size, model_type, 
   returns {step: what decode_fn returned}."""
   if checkpoint_paths is None:
     checkpoint_paths = get_checkpoint_iterator(eval_checkpoint_step, model_dir)
-  return {loop.checkpoint_step(path): decode_fn(estimator, vocabulary=vocabulary, model_type=model_type,
-                                                batch_size=batch_size, sequence_length=sequence_length,
-                                                checkpoint_path=path)
-          for path in checkpoint_paths}
+  return {get_step_from_checkpoint_path(path): decode_fn(
+      estimator, vocabulary=vocabulary, model_type=model_type, batch_size=batch_size,
+      sequence_length=sequence_length, checkpoint_path=path) for path in checkpoint_paths}
 
 
 def eval_model(estimator, vocabulary, sequence_length, batch_size, dataset_split, model_dir, eval_dataset_fn,
@@ -490,7 +490,7 @@ def eval_model(estimator, vocabulary, sequence_length, batch_size, dataset_split
   writer = progress.summary_writer(summary_dir)
   results = {}
   for path in get_checkpoint_iterator(eval_checkpoint_step, model_dir):
-    step = loop.checkpoint_step(path)
+    step = get_step_from_checkpoint_path(path)
     total = sum(len(e) for e in examples.values())
     if eval_with_score:
       outputs = list(score_with_estimator_fn(estimator, input_fn, step, model_dir, vocabulary,
