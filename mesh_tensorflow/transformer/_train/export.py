@@ -93,6 +93,17 @@ def _infer_graph(runner: loop.ModelRunner, ids: tf.Tensor, mesh_impl):
   return lowering, lowering.export_to_tf_tensor(outputs), {"temperature": temperature, "seed": seed}
 
 
+def _saver_of_collection_variables() -> tf.train.Saver:
+  """The SavedModel's saver, over the graph's variables; then drops from the variable collections
+  what a MetaGraphDef cannot list (sliced masters' saveable parts, e.g. a float32 part checkpointed
+  as bfloat16), which the saver still writes and restores."""
+  saver = tf.train.Saver(sharded=True, allow_empty=True)
+  for key in (tf.GraphKeys.GLOBAL_VARIABLES, tf.GraphKeys.TRAINABLE_VARIABLES):
+    listed = tf.get_collection_ref(key)
+    listed[:] = [v for v in listed if isinstance(v, tf.Variable)]
+  return saver
+
+
 def _serving_mesh(runner: loop.ModelRunner, devices: str):
   """(mesh_impl, session config) of the exported graph: one processor, or the run's mesh."""
   if devices == "mesh":
@@ -159,10 +170,11 @@ def export_model(runner: loop.ModelRunner, vocabulary, checkpoint: str, export_d
     copy_in = lowering.copy_masters_to_slices()
     with tf.Session(config=config) as session:
       loop.initialize_and_restore(session, lowering, checkpoint)
+      saver = _saver_of_collection_variables()
       builder = tf.saved_model.Builder(path)
       builder.add_meta_graph_and_variables(
           session, [tf.saved_model.SERVING], main_op=copy_in, strip_default_attrs=True,
-          clear_devices=(devices == "one"),
+          clear_devices=(devices == "one"), saver=saver,
           signature_def_map={name: tf.saved_model.predict_signature_def(ins, outs)
                              for name, (ins, outs) in signatures.items()})
       builder.save()
