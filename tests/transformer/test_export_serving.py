@@ -1,9 +1,10 @@
 """export_infer / export_score SavedModels served by a process without mesh_tensorflow.
 
-A tiny language model and a tiny encoder-decoder each train one step on two devices; their exports
-are loaded in a subprocess where `import mesh_tensorflow` fails, in TF2 (tf.saved_model.load) and in
-a default TF1 session (no soft placement), with fewer strings than the batch size, and must
-reproduce the `infer` mode's decodes and `score_from_strings`' scores of the same checkpoint.
+A tiny language model and a tiny encoder-decoder (bfloat16 master variables) each train one step
+on two devices; their exports are loaded in a subprocess where `import mesh_tensorflow` fails, in
+TF2 (tf.saved_model.load) and in a default TF1 session (no soft placement), with fewer strings than
+the batch size, and must reproduce the `infer` mode's decodes and `score_from_strings`' scores of
+the same checkpoint.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ ENC_DEC_INPUTS = ["12345", "907", "4"]
 ENC_DEC_TARGETS = ["54321", "709", "9"]
 ENC_DEC = ["utils.run.model_type = 'bitransformer'",
            "utils.run.train_dataset_fn = @data.transduction_dataset",
-           "data.transduction_dataset.num_train_examples = 64"]
+           "data.transduction_dataset.num_train_examples = 64",
+           "utils.get_variable_dtype.master_dtype = 'bfloat16'"]  # checkpointed in bfloat16
 
 # Runs with mesh_tensorflow unimportable; prints the results of every request as JSON.
 CLIENT = r"""
