@@ -23,13 +23,16 @@ def _experts_hparams(**kwargs):
 
 
 class _ExpertsAttentionMixin:
-  """Builds attention.ExpertsAttentionParams: q (and, for "qkv", the shared k=v) from a MoE layer."""
+  """Builds attention.ExpertsAttentionParams: q and/or the shared k=v from a MoE layer."""
 
-  expert_computation = "qkv"
-
-  def _init_experts(self, num_experts, loss_coef, group_size, capacity_factor_train, capacity_factor_eval,
-                    moe_gating, min_expert_capacity, switch_policy_train, switch_policy_eval, switch_dropout,
-                    switch_temperature, switch_jitter, ntlb_top_k, hidden_size, activation, z_loss):
+  def _init_experts(self, expert_computation, num_experts, loss_coef, group_size, capacity_factor_train,
+                    capacity_factor_eval, moe_gating, min_expert_capacity, switch_policy_train,
+                    switch_policy_eval, switch_dropout, switch_temperature, switch_jitter, ntlb_top_k,
+                    hidden_size, activation, z_loss):
+    if expert_computation not in ("qkv", "q", "kv"):
+      raise ValueError(f"{type(self).__name__}: expert_computation={expert_computation!r} is not 'qkv' "
+                       f"(queries and keys from one expert layer), 'q' or 'kv' (only those from experts).")
+    self.expert_computation = expert_computation
     self.experts_hparams_kwargs = dict(
         num_experts=num_experts, loss_coef=loss_coef, group_size=group_size,
         capacity_factor_train=capacity_factor_train, capacity_factor_eval=capacity_factor_eval,
@@ -52,9 +55,10 @@ class _ExpertsAttentionMixin:
 
 
 _EXPERTS_DEFAULTS = dict(
-    num_experts=16, loss_coef=1e-2, group_size=1024, capacity_factor_train=1.25, capacity_factor_eval=2.0,
+    expert_computation="qkv", num_experts=16, loss_coef=1e-2, group_size=1024, capacity_factor_train=1.25,
+    capacity_factor_eval=2.0,
     moe_gating="switch", min_expert_capacity=4, switch_policy_train="input_jitter",
-    switch_policy_eval="input_jitter", switch_dropout=0.1, switch_temperature=1.0, switch_jitter=1e-2,
+    switch_policy_eval="input_jitter", switch_dropout=0.0, switch_temperature=1.0, switch_jitter=1e-2,
     ntlb_top_k=4, hidden_size=3072, activation="relu", z_loss=None)
 
 
@@ -68,7 +72,9 @@ class ExpertsSelfAttention(_ExpertsAttentionMixin, SelfAttention):
   """Self-attention whose q and shared k=v projections are a mixture-of-experts layer.
 
   Takes the SelfAttention arguments plus the MoE1D ones (num_experts, loss_coef, group_size,
-  capacity factors, moe_gating, switch_*, ntlb_top_k, hidden_size, activation, z_loss).
+  capacity factors, moe_gating, switch_*, ntlb_top_k, hidden_size, activation, z_loss) and
+  expert_computation: "qkv" (default: q and k=v from one expert layer), "q" (k=v from the
+  variable `kv`) or "kv" (q from the variable `q`).
   """
 
   def __init__(self, **kwargs):
@@ -80,15 +86,25 @@ class ExpertsSelfAttention(_ExpertsAttentionMixin, SelfAttention):
 
 @gin.configurable(module=GIN_MODULE)
 class ExpertsEncDecAttention(_ExpertsAttentionMixin, EncDecAttention):
-  """Encoder-decoder attention whose query projection is a mixture-of-experts layer."""
+  """Encoder-decoder attention with a mixture-of-experts projection.
 
-  expert_computation = "q"
+  expert_computation "q": MoE queries, k=v = encoder output times `kv`; "kv": queries from the
+  variable `q`, k=v = a MoE call on the encoder output. The default "qkv" (0.1.21's) makes keys
+  from the decoder's own positions, which cannot attend over the encoder: 0.1.21 fails building
+  it, and this layer raises a ValueError when called with it.
+  """
 
   def __init__(self, relative_attention_type: Optional[str] = None, **kwargs):
     experts = _split_experts_kwargs(kwargs)
     kwargs["shared_kv"] = True
     super().__init__(relative_attention_type=relative_attention_type, **kwargs)
     self._init_experts(**experts)
+
+  def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
+    if self.expert_computation == "qkv":
+      raise ValueError("ExpertsEncDecAttention: expert_computation='qkv' computes the keys from the decoder "
+                       "input, not the encoder output; set expert_computation='q' or 'kv'.")
+    return super().call(context, x, losses)
 
 
 @gin.configurable(module=GIN_MODULE)

@@ -439,11 +439,16 @@ def attention_params_simple(mesh, io_dim, kv_dim, heads_dim, variable_dtype) -> 
 
 
 class ExpertsAttentionParams(AttentionParams):
-  """AttentionParams whose q (and, with expert_computation "qkv", shared k=v) come from a MoE layer.
+  """AttentionParams whose q and/or shared k=v come from a MoE layer.
 
-  Needs combine_dims and shared_kv. experts_hparams carries the MoE1D settings (moe_gating,
-  num_experts, loss_coef, group_size, min_expert_capacity, capacity_factor_train/eval,
-  hidden_size, activation, ...). The MoE output is the combined heads*d_kv projection.
+  expert_computation: "qkv" (one MoE call on the query antecedent gives q and k=v; keys then come
+  from the queries' positions, so only self-attention can use it), "q" (MoE queries; k=v = the
+  memory antecedent times the variable `kv`) or "kv" (queries = the query antecedent times the
+  variable `q`, initializer stddev d_model**-0.5; k=v = a MoE call on the memory antecedent). The
+  queries are scaled by d_kv**-0.5 at run time in every mode. Needs combine_dims and shared_kv.
+  experts_hparams carries the MoE1D settings (moe_gating, num_experts, loss_coef, group_size,
+  min_expert_capacity, capacity_factor_train/eval, hidden_size, activation, ...). The MoE output
+  is the combined heads*d_kv projection.
   """
 
   def __init__(self, mesh, query_input_dim, memory_input_dim, output_dim, key_dim, value_dim,
@@ -455,9 +460,9 @@ class ExpertsAttentionParams(AttentionParams):
       raise ValueError("ExpertsAttentionParams needs combine_dims=True.")
     if not shared_kv:
       raise ValueError("ExpertsAttentionParams needs shared_kv=True (keys and values are one projection).")
-    if expert_computation not in ("qkv", "q"):
+    if expert_computation not in ("qkv", "q", "kv"):
       raise ValueError(f"ExpertsAttentionParams: expert_computation={expert_computation!r} "
-                       f"is not 'qkv' or 'q'.")
+                       f"is not 'qkv', 'q' or 'kv'.")
     if mtf.layers.unit_scaling_convention():
       raise NotImplementedError("ExpertsAttentionParams does not support the unit-scaling convention.")
     self.context = context
@@ -471,6 +476,11 @@ class ExpertsAttentionParams(AttentionParams):
       _, kv_init, _ = self._initializers()
       self.wkv = mtf.get_variable(self.mesh, "kv", mtf.Shape(self.k_shape), initializer=kv_init,
                                   dtype=self.variable_dtype)
+    elif expert_computation == "kv":  # 0.1.21 does not fold the d_kv scaling into this initializer
+      self.wq = mtf.get_variable(
+          self.mesh, "q", mtf.Shape(self.q_shape),
+          initializer=tf.random_normal_initializer(stddev=self.query_input_dim.size ** -0.5),
+          dtype=self.variable_dtype)
     from mesh_tensorflow.transformer import moe  # lazily: moe builds on attention users
     # The MoE output is named d_model, so "experts_hidden" and "heads" can be split independently.
     hp = experts_hparams
@@ -489,11 +499,13 @@ class ExpertsAttentionParams(AttentionParams):
     return mtf.reshape(t, t.shape - last + [mtf.Dimension(self.q_shape[-1].name, last.size)])
 
   def _compute_merge_qkv(self, antecedent):
-    """q (and, for "qkv", the shared k) from one MoE call on the (shared) antecedent."""
+    """q (and, for "qkv", the shared k) from the query antecedent: one MoE call, or `q` for "kv"."""
     if self.expert_computation == "qkv":
       q, k = self.moe_layer.call(self.context, antecedent)
       q, k = self._rename_to_heads(q), self._rename_to_heads(k)
       self._k = mtf.replace_dimensions(k, k.shape.dims[-1], self.k_dims)
+    elif self.expert_computation == "kv":
+      q = mtf.layers.us_einsum([antecedent, self.wq], reduced_dims=[self.query_input_dim])
     else:
       q = self._rename_to_heads(self.moe_layer.call(self.context, antecedent))
     q *= self.key_dim.size ** -0.5
@@ -507,9 +519,12 @@ class ExpertsAttentionParams(AttentionParams):
     return self.compute_kv(memory_antecedent)
 
   def compute_kv(self, memory_antecedent):
-    """"qkv": the k computed with q; "q": the memory antecedent times the `kv` variable."""
+    """"qkv": the k computed with q; "q": the memory antecedent times `kv`; "kv": a MoE call on it."""
     if self.expert_computation == "q":
       return self._project(memory_antecedent, self.wkv, self.memory_input_dim, self.k_dims)
+    if self.expert_computation == "kv":
+      k = self._rename_to_heads(self.moe_layer.call(self.context, memory_antecedent))
+      return mtf.replace_dimensions(k, k.shape.dims[-1], self.k_dims)
     return self._k
 
   def compute_v(self, memory_antecedent):

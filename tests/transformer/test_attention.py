@@ -278,7 +278,7 @@ def test_attention_params_argument_errors():
   assert kept.compute_output(o).shape == mtf.Shape([mtf.Dimension("batch", 2), HEADS, D_MODEL])
   for kwargs, message in [({"combine_dims": False, "shared_kv": True}, "combine_dims=True"),
                           ({"shared_kv": False}, "shared_kv=True"),
-                          ({"shared_kv": True, "expert_computation": "kv"}, "expert_computation='kv'")]:
+                          ({"shared_kv": True, "expert_computation": "k"}, "expert_computation='k'")]:
     with pytest.raises(ValueError, match=message):
       attention.ExpertsAttentionParams(mesh, D_MODEL, D_MODEL, D_MODEL, D_KV, D_KV, [HEADS], [HEADS], F32,
                                        **kwargs)

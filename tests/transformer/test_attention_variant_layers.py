@@ -249,17 +249,58 @@ def test_experts_self_attention_projects_q_and_shared_kv_with_the_expert_layer()
 
 
 
+def _tf_expert(t, variables):
+  """The one expert's output relu(t wi) wo, [batch, length, heads=4, d_kv=2]."""
+  h = tf.nn.relu(tf.einsum("bld,dh->blh", t, variables["layer/wi/kernel"][0]))
+  return tf.reshape(tf.einsum("blh,he->ble", h, variables["layer/wo/kernel"][0]), [BATCH, -1, 4, 2])
+
+
+def _tf_output(o, variables):
+  return tf.einsum("blhk,hkd->bld", o, tf.reshape(variables["layer/o"], [4, 2, D_MODEL]))
+
+
+def test_experts_self_attention_kv_mode_projects_q_with_a_variable_and_kv_with_the_experts():
+  """0.1.21's expert_computation="kv": q = x `q` / sqrt(d_kv) (run-time scaling), k = v = the expert."""
+  layer = transformer_layers.ExpertsSelfAttention(expert_computation="kv", **EXPERTS)
+
+  def reference(x, variables):
+    q = tf_project_heads(x, variables["layer/q"], 4) * 2 ** -0.5
+    kv = _tf_expert(x, variables)
+    return _tf_output(tf_attention(q, kv, kv, causal_bias(LENGTH)), variables)
+  model = model_stub(D_MODEL, layout="batch:batch", mesh_shape="batch:2")
+  result = check_layer(lambda x: call_layer(layer, make_context(x, model), x), reference,
+                       [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE)], "batch:2", "batch:batch")
+  assert sorted(result.shapes) == ["layer/o", "layer/q", "layer/switch_gating/kernel", "layer/wi/kernel",
+                                   "layer/wo/kernel"]
+
+
 def test_experts_enc_dec_attention_takes_keys_and_values_from_the_encoder_output():
-  # q = relu(x wi) wo / sqrt(d_kv) from the expert layer; k = v = encoder_output kv.
-  layer = transformer_layers.ExpertsEncDecAttention(**EXPERTS)
+  # "q": q = relu(x wi) wo / sqrt(d_kv) from the expert layer; k = v = encoder_output kv.
+  layer = transformer_layers.ExpertsEncDecAttention(expert_computation="q", **EXPERTS)
 
   def reference(x, encoder_output, encoder_ids, variables):
-    h = tf.nn.relu(tf.einsum("bld,dh->blh", x, variables["layer/wi/kernel"][0]))
-    q = tf.reshape(tf.einsum("blh,he->ble", h, variables["layer/wo/kernel"][0]), [BATCH, LENGTH, 4, 2])
     kv = tf_project_heads(encoder_output, variables["layer/kv"], 4)
-    o = tf_attention(q * 2 ** -0.5, kv, kv, PADDING_BIAS)
-    return tf.einsum("blhk,hkd->bld", o, tf.reshape(variables["layer/o"], [4, 2, D_MODEL]))
+    return _tf_output(tf_attention(_tf_expert(x, variables) * 2 ** -0.5, kv, kv, PADDING_BIAS), variables)
   check_layer(_enc_dec_build(layer), reference, ENC_DEC_INPUTS)
+
+
+def test_experts_enc_dec_attention_kv_mode_runs_the_experts_on_the_encoder_output():
+  layer = transformer_layers.ExpertsEncDecAttention(expert_computation="kv", **EXPERTS)
+
+  def reference(x, encoder_output, encoder_ids, variables):
+    q = tf_project_heads(x, variables["layer/q"], 4) * 2 ** -0.5
+    kv = _tf_expert(encoder_output, variables)
+    return _tf_output(tf_attention(q, kv, kv, PADDING_BIAS), variables)
+  check_layer(_enc_dec_build(layer), reference, ENC_DEC_INPUTS)
+
+
+def test_experts_attention_expert_computation_is_checked():
+  """0.1.21's default "qkv" makes an enc-dec layer's keys from the decoder input (0.1.21 fails there)."""
+  assert transformer_layers.ExpertsEncDecAttention().expert_computation == "qkv"
+  with pytest.raises(ValueError, match="expert_computation='qkv' computes the keys from the decoder input"):
+    check_layer(_enc_dec_build(transformer_layers.ExpertsEncDecAttention(**EXPERTS)), None, ENC_DEC_INPUTS)
+  with pytest.raises(ValueError, match="expert_computation='k' is not 'qkv'"):
+    transformer_layers.ExpertsSelfAttention(expert_computation="k")
 
 
 @pytest.mark.parametrize("layer_cls", ["SelfAttention", "EncDecAttention"])
