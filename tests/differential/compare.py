@@ -9,7 +9,8 @@ POSITIONAL = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
 def parameter_differences(original: list, ours: list) -> list:
   """Why a call written against the original's parameters could fail or mean something else with
   ours: a positional parameter renamed or moved (but for ones named unused*/_*, which are
-  passed by position only), a keyword or *args/**kwargs missing, a default
+  passed by position only; and a parameter ours takes through **kwargs counts as there, by
+  keyword), a keyword or *args/**kwargs missing, a default
   dropped or changed (literal defaults only), or a new parameter without a default."""
   if original is None or ours is None:
     return []
@@ -27,7 +28,7 @@ def parameter_differences(original: list, ours: list) -> list:
     if name not in by_name:
       if name.startswith(("unused", "_")) and index < len(ours) and ours[index][1] in POSITIONAL:
         continue   # a parameter marked unused is passed by position only; ours is at its place
-      if "VAR_KEYWORD" not in ours_kinds or kind in POSITIONAL:
+      if "VAR_KEYWORD" not in ours_kinds:
         found.append(f"no parameter {name!r}")
       continue
     our_index, our_kind, our_default = by_name[name]

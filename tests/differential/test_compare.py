@@ -19,6 +19,9 @@ def test_a_call_the_original_takes_must_work_with_ours():
       "no parameter 'name'"]
   assert compare.parameter_differences(original, [["args", "VAR_POSITIONAL", None],
                                                   ["kwargs", "VAR_KEYWORD", None]]) == []
+  assert compare.parameter_differences(original, [["x", P, None], ["kwargs", "VAR_KEYWORD", None]]) == []
+  assert compare.parameter_differences(original, [["rate", P, "0.0"], ["kwargs", "VAR_KEYWORD", None]]) == [
+      "parameter 'rate' is not positional #1 (ours: #0, POSITIONAL_OR_KEYWORD)"]
 
 
 def test_unused_positional_parameters_may_be_renamed_in_place():
