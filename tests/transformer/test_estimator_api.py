@@ -295,3 +295,38 @@ def test_decode_from_dataset_writes_predictions_targets_and_inputs(model_dir_at_
   with pytest.raises(ValueError, match="decoder-only language models"):
     utils.decode_from_dataset(None, VOCAB, "bitransformer", BATCH, LENGTHS,
                               infer_dataset_fn=copy_eval_datasets, decode_output_dir=str(out))
+
+
+def test_model_fn_options_warm_start_filter_outer_batch_info_file_and_predict_fn(tmp_path, tiny_gin, capsys):
+  """init_checkpoint with init_variable_filter loads exactly the matching variables; outer_batch_size
+  2 trains; model_info_file gets the lowering's log; predict_fn replaces the scores."""
+  utils.train_model(make_estimator(tmp_path / "a"), VOCAB, LENGTHS, BATCH, copy_dataset, 1, None)
+  pretrained = str(tmp_path / "a" / "model.ckpt-1")
+  with gin.unlock_config():
+    gin.bind_parameter("tpu_estimator_model_fn.init_variable_filter", "decoder/")
+    gin.bind_parameter("tpu_estimator_model_fn.outer_batch_size", 2)
+    gin.bind_parameter("tpu_estimator_model_fn.model_info_file", str(tmp_path / "info.txt"))
+  estimator = utils.get_estimator(
+      "bitransformer", VOCAB, "", "", str(tmp_path / "b"), BATCH, LENGTHS, True, 0.01, None, 2,
+      mtf.optimize.AdafactorOptimizer, None, None, None, False, None, 1, None, init_checkpoint=pretrained)
+  capsys.readouterr()
+  result = utils.train_model(estimator, VOCAB, LENGTHS, BATCH, copy_dataset, 1, None)
+  assert result["step"] == 1 and np.isfinite(result["loss"])
+  decoder_variables = [n for n, _ in tf.train.list_variables(pretrained) if "decoder/" in n]
+  assert f"Initialised {len(decoder_variables)} variables from init_checkpoint" in capsys.readouterr().out
+  assert "decoder/" in (tmp_path / "info.txt").read_text()
+
+  def target_id_sum(model, features, variable_dtype):
+    """The sum of the target ids (plus 0 x the model's logits, so that it reads the checkpoint)."""
+    logits, _ = model.call_simple(inputs=features["inputs"], targets=features["targets"], compute_loss=False,
+                                  mode="score", variable_dtype=variable_dtype)
+    targets = mtf.cast(features["targets"], tf.float32)
+    batch_shape = mtf.Shape(targets.shape.dims[:-1])
+    unused = mtf.reduce_sum(logits, output_shape=batch_shape)
+    return mtf.reduce_sum(targets, output_shape=batch_shape) + 0 * unused
+  scorer = utils.get_estimator(
+      "bitransformer", VOCAB, "", "", str(tmp_path / "b"), BATCH, LENGTHS, True, 0.01, None, 2,
+      mtf.optimize.AdafactorOptimizer, target_id_sum, None, None, False, None, 1, None,
+      score_in_predict_mode=True)
+  scores = utils.compute_log_likelihoods(scorer, eval_input_fn)
+  assert scores == [float(sum(_ids(w))) for w in WORDS]
