@@ -16,6 +16,7 @@ def build_transformer_graph(
   batch: int = 8,
   length: int = 32,
   vocab_size: int = 256,
+  tf_graph=None,
 ) -> tuple:
   """(mtf Graph, loss) of one training step (loss, gradients, optimizer updates) of a gin Transformer.
 
@@ -28,6 +29,8 @@ def build_transformer_graph(
       in the package's gin directory first (e.g. "models/lm_base.gin").
     gin_bindings: extra gin bindings, e.g. ["num_layers = 2", "d_model = 64"].
     batch, length, vocab_size: the features' batch size, sequence length and vocabulary.
+    tf_graph: the TF graph holding the master variables and features (default: a new one); pass
+      the graph a real lowering of the step will be built in.
   """
   import gin
 
@@ -52,7 +55,7 @@ def build_transformer_graph(
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "my_mesh")
   ids = np.random.RandomState(0).randint(2, vocab_size, size=(batch, length)).astype(np.int32)
-  with tf.Graph().as_default():
+  with (tf_graph or tf.Graph()).as_default():
     shape = mtf.convert_to_shape(f"batch:{batch};length:{length}")
     features = {
       k: mtf.import_tf_tensor(mesh, tf.constant(v), shape)

@@ -5,11 +5,17 @@ runs its normal `lower` code, so the communication events are exactly those a re
 the same graph and layout records (tests check this for every op family), and the per-processor
 memory of variables, optimizer state and activations follows from the slice shapes. The layout
 explainer and the layout search stand on it.
+
+Its cost does not depend on the number of processors (one slice stands for all of them, and
+bytes come from the mesh arithmetic; see `_backends/shape_only.py`), and repeated layers cost
+little: a 64-layer, 100B-parameter Transformer lowers in seconds on 8 or 4096 processors alike
+(docs/performance.md, "Dry runs at pod scale"; benchmarks/bench_dry_run.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import tensorflow.compat.v1 as tf
 
@@ -66,11 +72,10 @@ def dry_run(graph, mesh_shape, layout_rules, autostack: bool = False) -> DryRunR
     print(result.bytes_sent, [str(e) for e in result.events])
   """
   from mesh_tensorflow._backends.shape_only import ShapeOnlyMeshImpl
-  from mesh_tensorflow._lowering.lowering import Lowering
   mesh = _the_mesh(graph)
   impl = ShapeOnlyMeshImpl(convert_to_shape(mesh_shape), convert_to_layout_rules(layout_rules))
   with tf.Graph().as_default():
-    lowering = Lowering(graph, {mesh: impl}, autostack=autostack)
+    lowering = _shape_only_lowering_class()(graph, {mesh: impl}, autostack=autostack)
   variable_bytes = slot_bytes = 0
   for v in graph.all_variables:
     size = impl.slice_size(v.shape) * tf.as_dtype(v.slice_dtype).size
@@ -84,6 +89,20 @@ def dry_run(graph, mesh_shape, layout_rules, autostack: bool = False) -> DryRunR
   return DryRunResult(events=tuple(lowering.communication_events), counters=tuple(lowering.counters),
                       variable_bytes=variable_bytes, slot_bytes=slot_bytes,
                       activation_bytes=activation_bytes)
+
+
+@functools.cache
+def _shape_only_lowering_class():
+  """Lowering without random streams: the shape-only backend draws placeholders, not values."""
+  from mesh_tensorflow._lowering.lowering import Lowering
+
+  class ShapeOnlyLowering(Lowering):
+
+    def random_key(self, op_key: int):
+      del op_key
+      return None
+
+  return ShapeOnlyLowering
 
 
 def _the_mesh(graph):
