@@ -14,7 +14,7 @@ import tensorflow.compat.v1 as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer._attention_layers import (
-    GIN_MODULE, EncDecAttention, SelfAttention, enc_dec_attention)
+    GIN_MODULE, EncDecAttention, SelfAttention, attention_params, enc_dec_attention)
 
 
 def _experts_hparams(**kwargs):
@@ -109,29 +109,57 @@ class ExpertsEncDecAttention(_ExpertsAttentionMixin, EncDecAttention):
 
 @gin.configurable(module=GIN_MODULE)
 class Synthesizer(SelfAttention):
-  """Self-attention with learned (input-independent) logit tables (arXiv:2005.00743).
+  """Multi-head Synthesizer layer (arXiv:2005.00743) with 0.1.21's variables and math.
 
-  synthesize_mode: see attention.synthetic_attention ("random", "factorized", each optionally
-  "_plus_alpha" to mix with dot-product logits). Decoding is not supported.
+  synthesize_mode (see attention.synthetic_attention) also decides the projections, as in 0.1.21,
+  whatever shared_kv says: "..._plus..." modes project q, k and v (`q`, `k`, `v`, `o`);
+  "..._minus" modes q and a shared k=v (`q`, `kv`, `o`); "random" and "factorized" no query
+  (the table replaces the logits; `kv`, `o`). The tables are 512 long (max_length for "random"
+  and "dense_minus", whose default is 512), so sequences are at most 512 long. Decodes
+  incrementally: keys/values are recorded like SelfAttention's and a step reads its table row.
   """
 
-  def __init__(self, synthesize_mode: str = "random_plus_alpha", factorized_dim: int = 16,
-               max_length: int = 512, **kwargs):
-    super().__init__(**kwargs)
+  def __init__(self, num_heads: int = 8, num_memory_heads: int = 0, key_value_size: int = 128,
+               shared_kv: bool = False, dropout_rate: float = 0.0, attention_kwargs: Optional[dict] = None,
+               relative_attention_type: Optional[str] = None, relative_attention_num_buckets: int = 32,
+               attention_func: Optional[str] = None, combine_dims: bool = True,
+               keep_query_heads_dims: bool = False, synthesize_mode: str = "random_plus_alpha",
+               fold_scaling_into_initializer: bool = True, **kwargs):
+    """Creates the layer (SelfAttention's arguments, plus synthesize_mode)."""
+    super().__init__(num_heads=num_heads, num_memory_heads=num_memory_heads, key_value_size=key_value_size,
+                     shared_kv=shared_kv, dropout_rate=dropout_rate, attention_kwargs=attention_kwargs,
+                     relative_attention_type=relative_attention_type,
+                     relative_attention_num_buckets=relative_attention_num_buckets,
+                     attention_func=attention_func, combine_dims=combine_dims,
+                     keep_query_heads_dims=keep_query_heads_dims,
+                     fold_scaling_into_initializer=fold_scaling_into_initializer, **kwargs)
+    if synthesize_mode not in attention._SYNTHESIZE_MODES:
+      raise ValueError(f"Synthesizer: synthesize_mode={synthesize_mode!r} is not one of "
+                       f"{attention._SYNTHESIZE_MODES}.")
     self.synthesize_mode = synthesize_mode
-    self.factorized_dim = factorized_dim
-    self.max_length = max_length
+    self.shared_kv = "plus" not in synthesize_mode
+    self.no_query = "plus" not in synthesize_mode and "minus" not in synthesize_mode
 
-  def attention_fn(self, *args, **kwargs) -> mtf.Tensor:
-    return attention.synthetic_attention(
-        *args, synthesize=True, synthesize_mode=self.synthesize_mode, factorized_dim=self.factorized_dim,
-        max_length=self.max_length, **kwargs)
+  def make_params(self, context) -> attention.AttentionParams:
+    return attention_params(
+        context=context, kv_dim=self.kv_dim, num_heads=self.num_heads, num_memory_heads=self.num_memory_heads,
+        shared_kv=self.shared_kv, no_query=self.no_query,
+        fold_scaling_into_initializer=self.fold_scaling_into_initializer)
 
   def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
-    if context.mode in ("first_part", "incremental"):
-      raise ValueError(f"Synthesizer does not support {context.mode!r} decoding: its logit tables "
-                       f"are indexed by (query position, memory position) of a full sequence.")
-    return super().call(context, x, losses)
+    params = self.make_params(context)
+    q = x if self.no_query else params.compute_q(x)
+    kv_list = [params.compute_kv(x)] if self.shared_kv else [params.compute_k(x), params.compute_v(x)]
+    kv_list, memory_position = self.update_memory(context, kv_list)
+    k, v = kv_list * 2 if self.shared_kv else kv_list
+    bias = self.compute_bias(context, memory_position, x, params.query_heads_dims, q)
+    kwargs = self.attention_kwargs_from_context(context)
+    kwargs.pop("z_loss_coeff", None)  # synthetic logits have no z-loss (nor in 0.1.21)
+    o = attention.synthetic_attention(q, k, v, self.memory_length(context), self.kv_dim, self.kv_dim, bias,
+                                      synthesize=True, synthesize_mode=self.synthesize_mode, context=context,
+                                      **kwargs)
+    attention_output = params.compute_output(o, output_shape=self.expected_attention_output_shape(x, params))
+    return self.layer_output_from_attention_output(context, attention_output, losses)
 
 
 @gin.configurable(module=GIN_MODULE)

@@ -105,61 +105,102 @@ def hybrid_attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, context, memor
   return mtf.einsum([weights, v], q.shape - key_dim + value_dim)
 
 
-_SYNTHESIZE_MODES = ("random", "random_plus_alpha", "factorized", "factorized_plus_alpha")
+_SYNTHESIZE_MODES = ("random", "factorized", "dense_minus", "random_plus_alpha", "random_plus",
+                     "dense_plus_alpha", "dense_plus")
+_SYNTHESIZER_TABLE_LENGTH = 512  # 0.1.21's fixed table length outside "random" and "dense_minus"
 
 
-def _synthetic_logits(context, memory_length_dim, synthesize_mode, factorized_dim, max_length):
-  """[length, memory_length] logits that do not depend on the input (Synthesizer)."""
-  length_a = mtf.Dimension("length_a", max_length)
-  length_b = mtf.Dimension("length_b", max_length)
-  init = tf.random_normal_initializer()
-  if synthesize_mode.startswith("random"):
-    r = mtf.get_variable(context.mesh, "random_synthesizer", mtf.Shape([length_a, length_b]),
-                         initializer=init, dtype=context.variable_dtype)
+def _query_positions(table: mtf.Tensor, q: mtf.Tensor, memory_length_dim, context) -> mtf.Tensor:
+  """A [..., length, ..., memory_length] table cut to the memory and to the queries' positions.
+
+  "incremental": the row of context.position (the query has no length dim); otherwise the
+  first rows, as many as q's length (a table without a length dim is only cut along memory).
+  """
+  table = mtf.slice(table, 0, memory_length_dim.size, memory_length_dim.name)
+  if "length" not in table.shape.dimension_names:
+    return table
+  if context.mode == "incremental":
+    return mtf.gather(table, context.position, table.shape.get_dim_by_name("length"))
+  return mtf.slice(table, 0, q.shape.get_dim_by_name("length").size, "length")
+
+
+def _random_table(q: mtf.Tensor, v: mtf.Tensor, memory_length_dim, context, synthesize_mode: str,
+                  factorized_dim: int, max_length: int) -> mtf.Tensor:
+  """The learned [length, heads, memory_length] logits: variable `R`, or the product of `R1` and `R2`.
+
+  "factorized" (as 0.1.21): R1, R2 are [tmp=factorized_dim, heads, memory_length=512] and the table
+  is sum_tmp R1 * R2, the same for every query position. Initializer: glorot-uniform (TF's default).
+  """
+  heads = v.shape.get_dim_by_name("heads")
+  table_length = max_length if synthesize_mode == "random" else _SYNTHESIZER_TABLE_LENGTH
+  table_shape = mtf.Shape([mtf.Dimension("length", table_length), heads,
+                           mtf.Dimension("memory_length", table_length)])
+  if synthesize_mode == "factorized":
+    factor_shape = mtf.Shape([mtf.Dimension("tmp", factorized_dim), heads,
+                              mtf.Dimension("memory_length", _SYNTHESIZER_TABLE_LENGTH)])
+    r1, r2 = [mtf.get_variable(context.mesh, name, factor_shape, initializer=None,
+                               dtype=context.variable_dtype) for name in ("R1", "R2")]
+    table = mtf.broadcast(mtf.reduce_sum(r1 * r2, reduced_dim=factor_shape.dims[0]), table_shape)
   else:
-    factor_dim = mtf.Dimension("factorized_dim", factorized_dim)
-    r1 = mtf.get_variable(context.mesh, "factorized_synthesizer_a", mtf.Shape([length_a, factor_dim]),
-                          initializer=init, dtype=context.variable_dtype)
-    r2 = mtf.get_variable(context.mesh, "factorized_synthesizer_b", mtf.Shape([length_b, factor_dim]),
-                          initializer=init, dtype=context.variable_dtype)
-    r = mtf.einsum([r1, r2], mtf.Shape([length_a, length_b]))
-  r = mtf.slice(mtf.slice(r, 0, memory_length_dim.size, length_a.name), 0, memory_length_dim.size,
-                length_b.name)
-  return mtf.rename_dimension(mtf.rename_dimension(r, length_a.name, "length"), length_b.name,
-                              memory_length_dim.name)
+    table = mtf.get_variable(context.mesh, "R", table_shape, initializer=None, dtype=context.variable_dtype)
+  return _query_positions(table, q, memory_length_dim, context)
+
+
+def _dense_table(q: mtf.Tensor, key_dim, memory_length_dim, context, table_length: int) -> mtf.Tensor:
+  """Logits predicted from each query: relu(q) times the variable `pi/kernel` [key, memory_length]."""
+  logits = mtf.layers.dense(mtf.relu(q), [mtf.Dimension("memory_length", table_length)], use_bias=False,
+                            name="pi", reduced_dims=[key_dim], variable_dtype=None)
+  return _query_positions(logits, q, memory_length_dim, context)
 
 
 def synthetic_attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, memory_length_dim, key_dim, value_dim,
                         bias=None, dropout_rate: float = 0.0, dropout_broadcast_dims=None, extra_logit=None,
                         synthesize: bool = True, synthesize_mode: str = "random_plus_alpha",
                         factorized_dim: int = 16, max_length: int = 512, context=None) -> mtf.Tensor:
-  """Attention whose logits are learned position-pair tables (Synthesizer, arXiv:2005.00743).
+  """Synthesizer attention (arXiv:2005.00743): logits learned per position pair or predicted from q.
 
-  synthesize_mode: "random" ([max_length, max_length] table), "factorized" (product of two
-  [max_length, factorized_dim] tables), or either "+_plus_alpha": a learned mix
-  alpha * table + (1 - alpha) * q.k with `alpha` initially 0.5. The bias (e.g. causal mask)
-  is added to the synthesised logits. synthesize=False is plain dot-product attention.
+  synthesize_mode (0.1.21's):
+    "random": a learned table `R` [length=max_length, heads, memory_length=max_length];
+    "factorized": `R1`, `R2` [tmp=factorized_dim, heads, memory_length=512] (see _random_table);
+    "dense_minus": relu(q) times `pi/kernel` [key_dim, memory_length=max_length];
+    "random_plus" / "dense_plus": q.k plus the "random" (512 long) or dense table;
+    "..._plus_alpha": (1 - a) * q.k + a * table with a = sigmoid(`alpha` [alpha=1], zeros at start).
+  "random", "factorized" and "dense_minus" ignore k; the first two take q only for its length
+  (the Synthesizer layer passes x). Their output is [q's dims but the last, heads, value_dim]
+  ("dense_minus": q's dims but the last, value_dim). The bias (masks) is added to the logits.
+  synthesize=False is plain dot-product attention. "incremental" mode (context.mode) reads the
+  table row of context.position.
   """
   if synthesize_mode not in _SYNTHESIZE_MODES:
     raise ValueError(f"synthetic_attention: synthesize_mode={synthesize_mode!r} is not one of "
                      f"{_SYNTHESIZE_MODES}.")
-  if memory_length_dim.size > max_length:
-    raise ValueError(f"synthetic_attention: {memory_length_dim} is longer than max_length={max_length}.")
-  logits = mtf.layers.us_einsum([q, k], reduced_dims=[key_dim])
-  if synthesize:
-    synthetic = mtf.cast(_synthetic_logits(context, memory_length_dim, synthesize_mode, factorized_dim,
-                                           max_length), logits.dtype)
-    if synthesize_mode.endswith("plus_alpha"):
-      alpha = mtf.get_variable(context.mesh, "alpha", [], initializer=tf.constant_initializer(0.5),
-                               dtype=context.variable_dtype)
-      logits = alpha * synthetic + (1. - alpha) * logits
+  if not synthesize:
+    logits = mtf.layers.us_einsum([q, k], reduced_dims=[key_dim])
+    outputs_shape = q.shape - key_dim + value_dim
+  elif synthesize_mode in ("random", "factorized"):
+    logits = _random_table(q, v, memory_length_dim, context, synthesize_mode, factorized_dim, max_length)
+    outputs_shape = mtf.Shape(q.shape.dims[:-1] + [v.shape.get_dim_by_name("heads"), value_dim])
+  elif synthesize_mode == "dense_minus":
+    logits = _dense_table(q, key_dim, memory_length_dim, context, max_length)
+    outputs_shape = mtf.Shape(q.shape.dims[:-1] + [value_dim])
+  else:
+    logits = mtf.einsum([q, k], reduced_dims=[key_dim])
+    outputs_shape = q.shape - key_dim + value_dim
+    if synthesize_mode.startswith("random"):
+      table = _random_table(q, v, memory_length_dim, context, synthesize_mode, factorized_dim, max_length)
     else:
-      logits = synthetic + mtf.zeros_like(logits)
+      table = _dense_table(q, key_dim, memory_length_dim, context, _SYNTHESIZER_TABLE_LENGTH)
+    if synthesize_mode.endswith("alpha"):
+      alpha = mtf.sigmoid(mtf.get_variable(context.mesh, "alpha", mtf.Shape([mtf.Dimension("alpha", 1)]),
+                                           initializer=tf.zeros_initializer(), dtype=context.variable_dtype))
+      logits = (1. - alpha) * logits + alpha * table
+    else:
+      logits += table
   if bias is not None:
     logits += bias
   weights = mtf.softmax(logits, memory_length_dim, extra_logit=extra_logit)
   weights = _dropout(weights, context, dropout_rate, dropout_broadcast_dims)
-  return mtf.einsum([weights, v], q.shape - key_dim + value_dim)
+  return mtf.einsum([weights, v], outputs_shape)
 
 
 def visibility_mask_to_attention_bias(visible: mtf.Tensor, dtype) -> mtf.Tensor:

@@ -178,33 +178,61 @@ def test_hybrid_attention_mixes_softmax_and_doubly_normalised_weights():
                         (v, "batch:4;memory_length:4;heads:4;d_v:3")], "all:4", "heads:all", rtol=1e-4)
 
 
-@pytest.mark.parametrize("mode", ["random", "factorized_plus_alpha"])
-def test_synthetic_attention_uses_learned_position_tables(mode):
+def _softmax(logits):
+  e = np.exp(logits - logits.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+SYNTHETIC_CASES = {  # mode: (variables {name: shape}, logits [b, l, h, m] from (q, k, variables))
+    "random": ({"R": [6, H, 6]}, lambda q, k, w: np.broadcast_to(w["R"][None, :L, :, :M], (B, L, H, M))),
+    "factorized": ({"R1": [3, H, 512], "R2": [3, H, 512]}, lambda q, k, w: np.broadcast_to(
+        (w["R1"] * w["R2"]).sum(0)[:, :M], (B, L, H, M))),
+    "dense_minus": ({"pi/kernel": [K, 6]}, lambda q, k, w: np.maximum(q, 0) @ w["pi/kernel"][:, :M]),
+    "random_plus_alpha": ({"R": [512, H, 512], "alpha": [1]}, lambda q, k, w: (
+        (1 - _sigmoid(w["alpha"])) * np.einsum("blhk,bmhk->blhm", q, k)
+        + _sigmoid(w["alpha"]) * w["R"][None, :L, :, :M])),
+    "dense_plus": ({"pi/kernel": [K, 512]}, lambda q, k, w: (
+        np.einsum("blhk,bmhk->blhm", q, k) + np.maximum(q, 0) @ w["pi/kernel"][:, :M])),
+}
+
+
+def _sigmoid(a):
+  return 1 / (1 + np.exp(-a))
+
+
+@pytest.mark.parametrize("mode", sorted(SYNTHETIC_CASES))
+def test_synthetic_attention_makes_0_1_21s_variables_and_logits(mode):
+  """"random"/"factorized" take q only for its length (the layer passes x [batch, length, d_model])."""
   q, k, v = _qkv(6)
+  x = np.random.RandomState(7).randn(B, L, 3).astype(np.float32)
+  table_only = mode in ("random", "factorized")
+  shapes, logits_fn = SYNTHETIC_CASES[mode]
   holder = {}
 
   def build(mesh):
-    context = SimpleNamespace(mesh=mesh, variable_dtype=F32, train=False)
-    qt, kt, vt = [mtf.import_tf_tensor(mesh, tf.constant(a), s) for a, s in [
-        (q, "batch:4;length:4;heads:4;d_k:2"), (k, "batch:4;memory_length:4;heads:4;d_k:2"),
-        (v, "batch:4;memory_length:4;heads:4;d_v:3")]]
+    context = SimpleNamespace(mesh=mesh, variable_dtype=F32, train=False, mode="eval")
+    qt = (mtf.import_tf_tensor(mesh, tf.constant(x), "batch:4;length:4;d_model:3") if table_only
+          else mtf.import_tf_tensor(mesh, tf.constant(q), "batch:4;length:4;heads:4;d_k:2"))
+    kt = mtf.import_tf_tensor(mesh, tf.constant(k), "batch:4;memory_length:4;heads:4;d_k:2")
+    vt = mtf.import_tf_tensor(mesh, tf.constant(v), "batch:4;memory_length:4;heads:4;d_v:3")
     out = attention.synthetic_attention(qt, kt, vt, MEMORY, KEY, VALUE, synthesize_mode=mode,
                                         factorized_dim=3, max_length=6, context=context)
-    holder["names"] = [var.name for var in mesh.graph.all_variables]
+    holder["shapes"] = {var.name: var.shape.to_integer_list for var in mesh.graph.all_variables}
+    holder["out_dims"] = out.shape.dimension_names
     return [out] + [var.outputs[0] for var in mesh.graph.all_variables]
-  out, *tables = lower_and_evaluate(build)
-  if mode == "random":
-    assert holder["names"] == ["random_synthesizer"]
-    logits = np.broadcast_to(tables[0][:L, :M][None, :, None, :], (B, L, H, M))
-  else:
-    assert holder["names"] == ["factorized_synthesizer_a", "factorized_synthesizer_b", "alpha"]
-    a, b, alpha = tables
-    logits = (alpha * (a @ b.T)[:L, :M][None, :, None, :]
-              + (1 - alpha) * np.einsum("blhk,bmhk->blhm", q, k))
-  weights = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-  assert_allclose(out, np.einsum("blhm,bmhv->blhv", weights, v), rtol=1e-4)
-  with pytest.raises(ValueError, match="synthesize_mode='dense'"):
-    attention.synthetic_attention(None, None, None, MEMORY, KEY, VALUE, synthesize_mode="dense")
+  out, *values = lower_and_evaluate(build)
+  assert holder["shapes"] == shapes
+  assert holder["out_dims"] == ["batch", "length", "heads", "d_v"]
+  if mode == "random_plus_alpha":
+    assert values[-1] == 0  # sigmoid(0) = 0.5 at the start
+  weights = _softmax(logits_fn(q, k, dict(zip(shapes, values))))
+  assert_allclose(out, np.einsum("blhm,bmhv->blhv", weights, v), rtol=1e-4, atol=1e-5)
+
+
+def test_synthetic_attention_rejects_unknown_modes():
+  with pytest.raises(ValueError, match="synthesize_mode='factorized_plus_alpha' is not one of"):
+    attention.synthetic_attention(None, None, None, MEMORY, KEY, VALUE,
+                                  synthesize_mode="factorized_plus_alpha")
 
 
 def test_visibility_mask_to_attention_bias_is_zero_or_minus_1e9():

@@ -204,24 +204,57 @@ def test_transparent_attention_attends_over_a_learned_mix_of_encoder_layers():
                                  (encoder_layers, "layers:5;batch:2;memory_length:4;d_model:8")])
 
 
-def test_synthesizer_mixes_learned_logit_table_with_dot_product_logits():
-  layer = transformer_layers.Synthesizer(num_heads=2, key_value_size=2, max_length=8)
-
-  def reference(x, variables):
-    q, k, v = [tf_project_heads(x, variables["layer/" + n], 2) for n in "qkv"]
-    alpha = variables["layer/alpha"]
-    table = variables["layer/random_synthesizer"][:LENGTH, :LENGTH]
-    logits = alpha * table + (1 - alpha) * tf.einsum("blhk,bmhk->bhlm", q, k) + causal_bias(LENGTH)
-    o = tf.einsum("bhlm,bmhk->blhk", tf.nn.softmax(logits), v)
-    return tf.einsum("blhk,hkd->bld", o, tf.reshape(variables["layer/o"], [2, 2, D_MODEL]))
-  check_layer(_self_attention_build(layer), reference, [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE)])
+SYNTHESIZER_VARIABLES = {  # 0.1.21's variables (names and shapes) per mode; 2 heads of d_kv 2
+    "random": {"kv": [8, 4], "o": [4, 8], "R": [512, 2, 512]},
+    "factorized": {"kv": [8, 4], "o": [4, 8], "R1": [16, 2, 512], "R2": [16, 2, 512]},
+    "dense_minus": {"q": [8, 4], "kv": [8, 4], "o": [4, 8], "pi/kernel": [2, 512]},
+    "random_plus_alpha": {"q": [8, 4], "k": [8, 4], "v": [8, 4], "o": [4, 8], "R": [512, 2, 512],
+                          "alpha": [1]},
+    "dense_plus": {"q": [8, 4], "k": [8, 4], "v": [8, 4], "o": [4, 8], "pi/kernel": [2, 512]},
+}
 
 
-def test_synthesizer_refuses_to_decode():
-  layer = transformer_layers.Synthesizer(num_heads=2, key_value_size=2, max_length=8)
-  with pytest.raises(ValueError, match="Synthesizer does not support 'first_part' decoding"):
-    lower_and_evaluate(lambda mesh: [
-        _self_attention_build(layer, mode="first_part")(mtf.zeros(mesh, X_SHAPE))])
+def _tf_synthesizer(mode: str, x, variables):
+  """0.1.21's Synthesizer layer in plain TF (2 heads, causal)."""
+  w = {name[len("layer/"):]: value for name, value in variables.items()}
+  if "kv" in w:
+    k = v = tf_project_heads(x, w["kv"], 2)
+  else:
+    k, v = tf_project_heads(x, w["k"], 2), tf_project_heads(x, w["v"], 2)
+  q = tf_project_heads(x, w["q"], 2) if "q" in w else None
+  if mode == "random":
+    logits = tf.transpose(w["R"][:LENGTH, :, :LENGTH], [1, 0, 2])[None]  # [1, heads, length, memory]
+  elif mode == "factorized":
+    logits = tf.reduce_sum(w["R1"] * w["R2"], 0)[None, :, None, :LENGTH]
+  else:
+    dot = tf.einsum("blhk,bmhk->bhlm", q, k)
+    dense = (tf.einsum("blhk,km->bhlm", tf.nn.relu(q), w["pi/kernel"][:, :LENGTH]) if "pi/kernel" in w
+             else None)
+    if mode == "dense_minus":
+      logits = dense
+    elif mode == "dense_plus":
+      logits = dot + dense
+    else:
+      alpha = tf.sigmoid(w["alpha"][0])
+      logits = (1 - alpha) * dot + alpha * tf.transpose(w["R"][:LENGTH, :, :LENGTH], [1, 0, 2])[None]
+  logits = tf.broadcast_to(logits, [BATCH, 2, LENGTH, LENGTH])
+  o = tf.einsum("bhlm,bmhk->blhk", tf.nn.softmax(logits + causal_bias(LENGTH)), v)
+  return tf.einsum("blhk,hkd->bld", o, tf.reshape(w["o"], [2, 2, D_MODEL]))
+
+
+@pytest.mark.parametrize("mode", sorted(SYNTHESIZER_VARIABLES))
+def test_synthesizer_makes_0_1_21s_variables_and_attention(mode):
+  """The mode decides the projections as in 0.1.21: plus = q, k, v; minus = q, kv; random/factorized = kv."""
+  layer = transformer_layers.Synthesizer(num_heads=2, key_value_size=2, synthesize_mode=mode)
+  result = check_layer(_self_attention_build(layer), lambda x, variables: _tf_synthesizer(mode, x, variables),
+                       [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE)])
+  assert {name[len("layer/"):]: shape.to_integer_list for name, shape in result.shapes.items()} == (
+      SYNTHESIZER_VARIABLES[mode])
+
+
+def test_synthesizer_rejects_an_unknown_mode():
+  with pytest.raises(ValueError, match="synthesize_mode='dense' is not one of"):
+    transformer_layers.Synthesizer(synthesize_mode="dense")
 
 
 EXPERTS = dict(num_experts=1, hidden_size=4, group_size=16, capacity_factor_eval=2.0,

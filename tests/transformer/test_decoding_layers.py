@@ -72,6 +72,10 @@ DECODING_LAYERS = {
     "general_bilinear": lambda: transformer_layers.GeneralBilinearSelfAttention(heads_dims=[("heads", 4)]),
     "separable_conv1d": lambda: transformer_layers.SeparableConv1DLayer(
         min_relative_pos=-4, max_relative_pos=0, output_size=D_MODEL),
+    "synthesizer_random": lambda: transformer_layers.Synthesizer(
+        num_heads=2, key_value_size=2, synthesize_mode="random"),
+    "synthesizer_dense_plus_alpha": lambda: transformer_layers.Synthesizer(
+        num_heads=2, key_value_size=2, synthesize_mode="dense_plus_alpha"),
     "dynamic_conv_block": lambda: transformer_layers.LocalConvAttnBlock(
         min_relative_pos=-3, max_relative_pos=0, output_size=D_MODEL, attention_type="dynamic_conv"),
 }
