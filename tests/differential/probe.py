@@ -4,9 +4,10 @@ what it computes: run once under the original 0.1.21 and once under ours (see si
 The script uses only the original's public API, so the same lines run unchanged on both packages.
 From the checkpoint at --checkpoint (written first, from a seeded initialisation, when --write is
 given) it computes, on a fixed batch: the logits and loss (in --mode), the gradient of
-every trainable variable, every trainable variable after one optimizer step, and greedy (and for
-encoder-decoders beam-search) decodes. Everything goes to the .npz file --out, keyed
-"logits", "loss", "grad/<var>", "init/<var>" (as restored), "step/<var>", "decode/<kind>".
+every trainable variable, every checkpointed variable (optimizer slots included) as restored and
+after one optimizer step, and greedy (and for encoder-decoders beam-search) decodes. Everything
+goes to the .npz file --out, keyed "logits", "loss", "grad/<var>", "init/<var>" (as restored),
+"step/<var>", "decode/<kind>".
 
 Run as a script in a subprocess only (never imported): it is the client code both packages get.
 """
@@ -109,13 +110,13 @@ class Built:
       global_step = tf.train.get_or_create_global_step()
       with tf.control_dependencies([self.lowering.lowered_operation(op) for op in update_ops]):
         self.train_op = tf.assign_add(global_step, 1)
-      self.trainable = {v.name: v for v in graph.trainable_variables}
 
 
-def master_values(sess, names) -> dict:
-  """The values of the checkpointed (master) variables named `names`."""
-  by_name = {v.op.name: v for v in tf.global_variables()}
-  return {name: sess.run(by_name[name]) for name in names}
+def master_values(sess) -> dict:
+  """The values of the checkpointed (master) variables, optimizer slots included, by name (the
+  masters keep the model's own names also where the lowering stacks variables)."""
+  masters = {v.op.name: v for v in tf.global_variables() if v.op.name != "global_step"}
+  return dict(zip(masters, sess.run(list(masters.values()))))
 
 
 def run_graph(args, model_type: str, train: bool, session_config) -> dict:
@@ -135,11 +136,11 @@ def run_graph(args, model_type: str, train: bool, session_config) -> dict:
       sess.run(built.lowering.copy_masters_to_slices())
       results.update(sess.run(built.fetches))
       if train:
-        restored = master_values(sess, sorted(built.trainable))
+        restored = master_values(sess)
         results.update({"init/" + name: value for name, value in restored.items()})
         sess.run(built.train_op)
         sess.run(built.lowering.copy_slices_to_masters())
-        stepped = master_values(sess, sorted(built.trainable))
+        stepped = master_values(sess)
         results.update({"step/" + name: value for name, value in stepped.items()})
   return results
 
