@@ -4,9 +4,10 @@
     report.step_s, report.flops, report.comm_bytes_by_kind(), report.memory.total_bytes
 
 Communication comes from a dry run (`mtf.dry_run`), so it is exactly what the lowering sends; FLOPs
-follow `_cost/flops.py`'s model; memory counts variable and optimizer slices and the activation
-peak under a schedule; `TimeModel` (presets CPU, GPU, TPU, or `calibrate(devices)`) turns these
-into seconds.
+follow `_cost/flops.py`'s model; memory counts variable and optimizer slices, the activation
+peak under a schedule and the largest collective's buffer; `TimeModel` turns these into seconds:
+rough presets CPU, GPU, TPU; accelerators TPU_V3, TPU_V4, TPU_V5E, A100, H100 with their memory,
+topology and public sources (`ACCELERATORS`); or `calibrate(devices)`.
 """
 
 # ruff: noqa: F401
