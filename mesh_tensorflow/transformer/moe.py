@@ -23,6 +23,7 @@ GIN_MODULE = "mesh_tensorflow.transformer.moe"
 _GATINGS = ("top_2", "switch", "ntlb")
 _SECOND_POLICIES = ("all", "none", "threshold", "random")
 _SWITCH_POLICIES = ("argmax", "sample", "input_dropout", "input_jitter")
+_WORD_EMBED_MODES = ("concat", "concat_stop_grad", "add", "add_stop_grad", "embed_only")
 
 
 class HParams:
@@ -85,6 +86,8 @@ def _check_hparams(hparams: HParams) -> None:
   for key in ("moe_switch_policy_train", "moe_switch_policy_eval"):
     if hasattr(hparams, key):
       _check_choice(key, getattr(hparams, key), _SWITCH_POLICIES)
+  if getattr(hparams, "moe_word_embed_mode", None) is not None:
+    _check_choice("moe_word_embed_mode", hparams.moe_word_embed_mode, _WORD_EMBED_MODES)
 
 
 @gin.configurable(module=GIN_MODULE)
@@ -104,7 +107,7 @@ class MoE1D(transformer.TransformerLayer):
                second_threshold_eval=0.2, dropout_rate=0.0, activation="relu", moe_gating="top_2",
                min_expert_capacity=4, switch_policy_train="input_jitter", switch_policy_eval="input_jitter",
                switch_dropout=0.1, switch_temperature=1.0, switch_jitter=1e-2, ntlb_top_k=4,
-               output_dim=None, use_experts_attention=False, z_loss=None):
+               output_dim=None, use_experts_attention=False, z_loss=None, word_embed_mode=None):
     self._hparams = HParams(
         moe_gating=moe_gating, moe_num_experts=num_experts, moe_loss_coef=loss_coef,
         moe_hidden_size=hidden_size, moe_group_size=group_size, moe_min_expert_capacity=min_expert_capacity,
@@ -115,7 +118,8 @@ class MoE1D(transformer.TransformerLayer):
         moe_switch_policy_train=switch_policy_train, moe_switch_policy_eval=switch_policy_eval,
         moe_switch_dropout=switch_dropout, moe_switch_temperature=switch_temperature,
         moe_switch_jitter=switch_jitter, moe_ntlb_top_k=ntlb_top_k, moe_output_dim=output_dim,
-        moe_use_experts_attention=use_experts_attention, moe_z_loss=z_loss)
+        moe_use_experts_attention=use_experts_attention, moe_z_loss=z_loss,
+        moe_word_embed_mode=word_embed_mode)
     _check_hparams(self._hparams)
     self._activation = activation
 
@@ -126,13 +130,22 @@ class MoE1D(transformer.TransformerLayer):
       raise NotImplementedError("MoE1D: ensembles (Unitransformer ensemble=...) are not supported.")
     x_shape = x.shape
     has_length_dim = context.length_dim in x_shape.dims
+    token_embeddings = None
+    if self._hparams.moe_word_embed_mode is not None:
+      token_embeddings = getattr(context, "input_embeddings", None)
+      if token_embeddings is None:
+        raise ValueError("MoE1D: word_embed_mode routes on the token embeddings, but "
+                         "context.input_embeddings is None; set it to the embedded input tokens.")
     if not has_length_dim:  # incremental decoding: one position, a length-1 dim for the grouping
-      x = mtf.reshape(x, mtf.Shape(x_shape.dims[:-1] + [mtf.Dimension("length", 1)] + x_shape.dims[-1:]))
+      with_length = lambda t: mtf.reshape(t, mtf.Shape(t.shape.dims[:-1] + [mtf.Dimension("length", 1)]
+                                                       + t.shape.dims[-1:]))
+      x = with_length(x)
+      token_embeddings = None if token_embeddings is None else with_length(token_embeddings)
     output_dim = self._hparams.moe_output_dim or context.model.model_dim
     y, loss = transformer_moe_layer_v1(
         x, output_dim, self._hparams, context.train, context.variable_dtype, layout=context.model.layout,
         mesh_shape=context.model.mesh_shape, nonpadding=context.nonpadding, activation=self._activation,
-        num_microbatches=context.num_microbatches)
+        num_microbatches=context.num_microbatches, token_embeddings=token_embeddings)
     if context.losses is not None:
       context.losses.append(loss)
     if not has_length_dim:
@@ -212,7 +225,8 @@ def _broadcast_nonpadding(nonpadding, inputs, dims):
 
 
 def transformer_moe_layer_v1(inputs, output_dim, hparams, train, variable_dtype, layout=None,
-                             mesh_shape=None, nonpadding=None, activation=mtf.relu, num_microbatches=None):
+                             mesh_shape=None, nonpadding=None, activation=mtf.relu, num_microbatches=None,
+                             token_embeddings=None):
   """One-level mixture of experts on inputs [outer_batch?, batch, length, d_model].
 
   Returns (output [batch dims, length, output_dim], loss * moe_loss_coef); with
@@ -238,6 +252,11 @@ def transformer_moe_layer_v1(inputs, output_dim, hparams, train, variable_dtype,
   batch_dim_unsplit = mtf.Dimension("batch_unsplit", num_groups)
   moe_input_dims = [outer_batch_dim, num_groups_dim, group_size_dim, input_dim]
   inputs = mtf.reshape(inputs, moe_input_dims)  # [O, G, S, M]
+  if getattr(hparams, "moe_word_embed_mode", None) is not None:
+    if token_embeddings is None:
+      raise ValueError(f"transformer_moe_layer_v1: hparams.moe_word_embed_mode="
+                       f"{hparams.moe_word_embed_mode!r} needs token_embeddings shaped like the inputs.")
+    token_embeddings = mtf.cast(mtf.reshape(token_embeddings, moe_input_dims), inputs.dtype)
 
   capacity_factor = hparams.moe_capacity_factor_train if train else hparams.moe_capacity_factor_eval
   expert_capacity_dim = mtf.Dimension("expert_capacity", _expert_capacity(
@@ -252,7 +271,7 @@ def transformer_moe_layer_v1(inputs, output_dim, hparams, train, variable_dtype,
   dispatch_tensor, combine_tensor, loss = gating_fn(
       inputs=inputs, outer_expert_dims=None, experts_dim=experts_dim_unsplit,
       expert_capacity_dim=expert_capacity_dim, hparams=hparams, train=train, variable_dtype=variable_dtype,
-      importance=nonpadding, num_microbatches=num_microbatches)
+      importance=nonpadding, num_microbatches=num_microbatches, token_embeddings=token_embeddings)
 
   # [O, E, G, C, M], then regroup so that experts (not groups) are the split dim: an all-to-all.
   expert_inputs = mtf.einsum([inputs, dispatch_tensor], mtf.Shape(
@@ -379,6 +398,25 @@ def transformer_moe_layer_v2(inputs, output_dim, hparams, train, variable_dtype,
   return output, (loss_outer + loss_inner) * hparams.moe_loss_coef
 
 
+def _with_token_embeddings(gate_inputs, token_embeddings, hparams):
+  """The router's inputs with the token embeddings mixed in per hparams.moe_word_embed_mode.
+
+  "concat" / "add" (each optionally "_stop_grad": no gradient through the embeddings) or
+  "embed_only" (route on the embeddings alone); None leaves the inputs as they are.
+  """
+  mode = getattr(hparams, "moe_word_embed_mode", None)
+  if mode is None:
+    return gate_inputs
+  gate_inputs, token_embeddings = mtf.to_float(gate_inputs), mtf.to_float(token_embeddings)
+  if mode.endswith("_stop_grad"):
+    token_embeddings = mtf.stop_gradient(token_embeddings)
+  if mode.startswith("concat"):
+    return mtf.concat([gate_inputs, token_embeddings], gate_inputs.shape.dims[-1].name)
+  if mode.startswith("add"):
+    return gate_inputs + token_embeddings
+  return token_embeddings
+
+
 def _gate_logits(inputs, experts_dim, outer_expert_dims, variable_dtype, name):
   return mtf.layers.dense(inputs, experts_dim, use_bias=False, expert_dims=outer_expert_dims,
                           reduced_dims=inputs.shape.dims[-1:], variable_dtype=variable_dtype, name=name)
@@ -455,7 +493,7 @@ def _take_slots(mask, group_size_dim, experts_dim, capacity: float, taken=None):
 
 
 def _top_2_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train, variable_dtype,
-                  importance=None, name="top_2_gating", num_microbatches=None):
+                  importance=None, name="top_2_gating", num_microbatches=None, token_embeddings=None):
   """Top-2 gating: every token goes to its best expert and maybe its second best.
 
   inputs [<batch>, group, d_model]; importance [<batch>, group]: 1 routes a token to up to two
@@ -469,7 +507,8 @@ def _top_2_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, h
   moe_use_second_place_loss, plus the optional z-loss).
   """
   group_size_dim = inputs.shape.dims[-2]
-  gate_logits = _gate_logits(inputs, experts_dim, outer_expert_dims, variable_dtype, name)
+  gate_logits = _gate_logits(_with_token_embeddings(inputs, token_embeddings, hparams), experts_dim,
+                             outer_expert_dims, variable_dtype, name)
   raw_gates = mtf.to_float(mtf.softmax(gate_logits, experts_dim))  # routing runs in float32
   expert_capacity_f = float(expert_capacity_dim.size)
 
@@ -538,7 +577,8 @@ def _switch_choice(gate_logits, raw_gates, experts_dim, policy, hparams):
 
 
 def _switch_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train,
-                   variable_dtype, importance=None, name="switch_gating", num_microbatches=None):
+                   variable_dtype, importance=None, name="switch_gating", num_microbatches=None,
+                   token_embeddings=None):
   """Top-1 (Switch) gating: each token goes to one expert, weighted by that expert's probability.
 
   hparams.moe_switch_policy_{train,eval}: "argmax", "sample" (from the gate distribution at
@@ -547,11 +587,13 @@ def _switch_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, 
   combine [<batch>, group, experts, expert_capacity] and the load-balancing loss.
   """
   return _switch_choices_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train,
-                                variable_dtype, importance, name, num_microbatches, num_choices=1)
+                                variable_dtype, importance, name, num_microbatches, num_choices=1,
+                                token_embeddings=token_embeddings)
 
 
 def _ntlb_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train,
-                 variable_dtype, importance=None, name="ntlb_gating", num_microbatches=None):
+                 variable_dtype, importance=None, name="ntlb_gating", num_microbatches=None,
+                 token_embeddings=None):
   """Switch gating with "no token left behind": a token dropped by its first choice's full expert
   tries its next choices (up to moe_ntlb_top_k), each taking the free slots in token order.
 
@@ -560,11 +602,12 @@ def _ntlb_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hp
   """
   return _switch_choices_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train,
                                 variable_dtype, importance, name, num_microbatches,
-                                num_choices=hparams.moe_ntlb_top_k)
+                                num_choices=hparams.moe_ntlb_top_k, token_embeddings=token_embeddings)
 
 
 def _switch_choices_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train,
-                           variable_dtype, importance, name, num_microbatches, num_choices: int):
+                           variable_dtype, importance, name, num_microbatches, num_choices: int,
+                           token_embeddings=None):
   """Switch gating where a token dropped by a full expert tries its next `num_choices - 1` choices.
 
   The first choice follows the switch policy, later ones the remaining gates in order; each
@@ -572,7 +615,8 @@ def _switch_choices_gating(inputs, outer_expert_dims, experts_dim, expert_capaci
   """
   group_size_dim = inputs.shape.dims[-2]
   inputs, policy = _switch_inputs_and_policy(inputs, hparams, train)
-  gate_logits = _gate_logits(inputs, experts_dim, outer_expert_dims, variable_dtype, name)
+  gate_logits = _gate_logits(_with_token_embeddings(inputs, token_embeddings, hparams), experts_dim,
+                             outer_expert_dims, variable_dtype, name)
   raw_gates = mtf.to_float(mtf.softmax(gate_logits, experts_dim))
   first_gate, first_index = _switch_choice(gate_logits, raw_gates, experts_dim, policy, hparams)
   first_gate, first_mask, density_proxy = _first_choice(first_gate, first_index, raw_gates, experts_dim,

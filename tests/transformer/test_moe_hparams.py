@@ -13,6 +13,7 @@ import tensorflow.compat.v1 as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import moe
 from tests.harness import lower_and_evaluate
+from tests.transformer.layer_context import make_context, model_stub
 from tests.transformer.model_check import train_losses
 
 BATCH, LENGTH, D_MODEL = 4, 4, 8
@@ -125,3 +126,54 @@ def test_set_default_moe_hparams_then_a_two_level_moe_layer_v2():
     return [output, aux_loss]
   output, aux_loss = lower_and_evaluate(build)
   assert output.shape == X.shape and np.all(np.isfinite(output)) and np.isfinite(aux_loss)
+
+
+EMBEDDINGS = np.random.RandomState(1).randn(BATCH, LENGTH, D_MODEL).astype(np.float32)
+
+
+@pytest.mark.parametrize("mode", ["concat", "add_stop_grad", "embed_only"])
+def test_moe_word_embed_mode_routes_on_the_token_embeddings(mode):
+  """0.1.21's moe_word_embed_mode: the router sees [x, e], x + e or e alone; the experts still see x."""
+  hparams = _gpt_neo_hparams(moe_gating="switch", moe_switch_policy_eval="argmax",
+                             moe_capacity_factor_eval=4.0, moe_word_embed_mode=mode)
+  names = []
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(X), shape=X_SHAPE)
+    embeddings = mtf.import_tf_tensor(mesh, tf.constant(EMBEDDINGS), shape=X_SHAPE)
+    output, _ = moe.transformer_moe_layer_v1(
+        x, x.shape[-1], hparams, train=False, variable_dtype=mtf.VariableDType(tf.float32),
+        token_embeddings=embeddings)
+    names.extend(v.name for v in mesh.graph.trainable_variables)
+    return [output] + [v.outputs[0] for v in mesh.graph.trainable_variables]
+  output, *values = lower_and_evaluate(build)
+  variables = dict(zip(names, values))
+  gate_kernel, = [v for n, v in variables.items() if n.endswith("gating/kernel")]
+  wi, = [v for n, v in variables.items() if n.endswith("wi/kernel")]
+  wo, = [v for n, v in variables.items() if n.endswith("wo/kernel")]
+  x, e = X.reshape(-1, D_MODEL), EMBEDDINGS.reshape(-1, D_MODEL)
+  gate_inputs = {"concat": np.concatenate([x, e], -1), "add_stop_grad": x + e, "embed_only": e}[mode]
+  assert gate_kernel.shape == (gate_inputs.shape[-1], 4)
+  logits = gate_inputs @ gate_kernel
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  chosen = probs.argmax(-1)
+  expected = np.stack([probs[t, i] * np.maximum(x[t] @ wi[i], 0) @ wo[i] for t, i in enumerate(chosen)])
+  np.testing.assert_allclose(output.reshape(-1, D_MODEL), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_moe_word_embed_mode_is_checked_and_needs_the_embeddings():
+  with pytest.raises(ValueError, match="moe_word_embed_mode='mean' is not one of"):
+    moe.MoE1D(word_embed_mode="mean")
+  layer = moe.MoE1D(num_experts=2, hidden_size=4, moe_gating="switch", word_embed_mode="add")
+
+  def build_layer(mesh):
+    x = mtf.zeros(mesh, X_SHAPE)
+    return [layer.call(make_context(x, model_stub(D_MODEL, layout="", mesh_shape="")), x)]
+  with pytest.raises(ValueError, match="context.input_embeddings is None"):
+    lower_and_evaluate(build_layer)
+  hparams = _gpt_neo_hparams(moe_gating="switch", moe_word_embed_mode="add")
+  with pytest.raises(ValueError, match="needs token_embeddings shaped like the inputs"):
+    lower_and_evaluate(lambda mesh: list(moe.transformer_moe_layer_v1(
+        mtf.zeros(mesh, X_SHAPE), mtf.Dimension("d_model", D_MODEL), hparams, train=False,
+        variable_dtype=mtf.VariableDType(tf.float32))))
