@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import os
 import time
 import warnings
 from typing import Callable, Iterator, Optional
 
 import gin
+import tensorflow as tf2  # tf2.data.Dataset: the base class of v1 and v2 datasets
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
@@ -252,11 +254,21 @@ def tpu_estimator_model_fn(model_type, transformer_model, vocabulary, model_dir,
 def _dataset_features(input_fn: Callable, params: dict) -> dict:
   """The next-element tensors of input_fn(params)'s dataset ((features, labels) pairs give features)."""
   dataset = input_fn(params)
-  if not isinstance(dataset, tf.data.Dataset):
+  if not isinstance(dataset, tf2.data.Dataset):
     raise TypeError(f"input_fn returned {type(dataset).__name__}; expected a tf.data.Dataset of batched "
                     f"feature dicts.")
   element = tf.data.make_one_shot_iterator(dataset).get_next()
   return element[0] if isinstance(element, tuple) else element
+
+
+def _feed_dicts(session, element: dict, feeds: dict) -> Iterator[dict]:
+  """{placeholder: value} of each next element of the input, until it ends."""
+  while True:
+    try:
+      values = session.run(element)
+    except tf.errors.OutOfRangeError:
+      return
+    yield {feeds[k]: values[k] for k in feeds}
 
 
 class Estimator:
@@ -358,17 +370,23 @@ class Estimator:
                                        self._config.tf_random_seed)
 
   def _restored(self, input_fn: Callable, mode: str, checkpoint_path: str):
-    """Builds the mode graph on input_fn's features; returns (graph, spec, session) restored, with
-    the local variables (metric accumulators) initialised."""
+    """Builds the mode graph on input_fn's features; returns (graph, spec, session restored with the
+    local variables (metric accumulators) initialised, an iterator of feed dicts of the batches).
+
+    The model reads the batches through placeholders, and each batch is read by a run of the input
+    pipeline alone: the end of the input then ends no run of the mesh graph on several devices.
+    """
     graph = tf.Graph()
     with graph.as_default():
       loop.set_random_seed(self._config.tf_random_seed)
-      spec = self._model_fn(_dataset_features(input_fn, self.params), None, mode, self.params)
+      element = _dataset_features(input_fn, self.params)
+      feeds = {k: tf.placeholder(v.dtype, v.shape) for k, v in element.items()}
+      spec = self._model_fn(feeds, None, mode, self.params)
       local_init = tf.local_variables_initializer()  # before any run: the graph is final then
       session = tf.Session(graph=graph, config=model_fn.session_config(self._model_fn.mesh_devices))
       loop.initialize_and_restore(session, spec.lowered.lowering, checkpoint_path)
       session.run(local_init)
-    return graph, spec, session
+    return graph, spec, session, _feed_dicts(session, element, feeds)
 
   def predict(self, input_fn: Callable, predict_keys=None, hooks=None, checkpoint_path: Optional[str] = None,
               yield_single_examples: bool = True) -> Iterator:
@@ -380,17 +398,14 @@ class Estimator:
     if hooks:
       raise NotImplementedError("Estimator.predict(hooks=...) is not implemented.")
     path = self._checkpoint(checkpoint_path)
-    graph, spec, session = self._restored(input_fn, ModeKeys.PREDICT, path)
+    graph, spec, session, batches = self._restored(input_fn, ModeKeys.PREDICT, path)
     predictions = spec.predictions
     if predict_keys:
       keys = [predict_keys] if isinstance(predict_keys, str) else list(predict_keys)
       predictions = {k: predictions[k] for k in keys}
     with graph.as_default(), session:
-      while True:
-        try:
-          values = session.run(predictions)
-        except tf.errors.OutOfRangeError:
-          return
+      for feed_dict in batches:
+        values = session.run(predictions, feed_dict)
         if not yield_single_examples:
           yield values
           continue
@@ -407,16 +422,11 @@ class Estimator:
     if hooks:
       raise NotImplementedError("Estimator.evaluate(hooks=...) is not implemented.")
     path = self._checkpoint(checkpoint_path)
-    graph, spec, session = self._restored(input_fn, ModeKeys.EVAL, path)
+    graph, spec, session, batches = self._restored(input_fn, ModeKeys.EVAL, path)
     with graph.as_default(), session:
       updates = [update for _, update in spec.eval_metric_ops.values()]
-      batches = 0
-      while steps is None or batches < steps:
-        try:
-          session.run(updates)
-        except tf.errors.OutOfRangeError:
-          break
-        batches += 1
+      for feed_dict in itertools.islice(batches, steps):
+        session.run(updates, feed_dict)
       results = {k: float(v) for k, v in session.run({k: value for k, (value, _) in
                                                        spec.eval_metric_ops.items()}).items()}
     step = loop.checkpoint_step(path)

@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import gin
 import numpy as np
+import tensorflow as tf2  # tf2.data.Dataset: the base class of v1 and v2 datasets
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow.transformer import dataset as dataset_lib
@@ -426,7 +427,7 @@ def score_from_dataset(estimator, vocabulary, batch_size, sequence_length, model
                                  dataset_split=dataset_split)
   with tf.Graph().as_default():  # datasets are built again inside the scoring graph
     datasets = dataset_fn()
-  if isinstance(datasets, tf.data.Dataset):
+  if isinstance(datasets, tf2.data.Dataset):
     datasets = [dataset_lib.EvalDataset(dataset_split, dataset_fn, None, [])]
   return score_with_estimator_fn(estimator, _combined_input_fn(datasets, batch_size, sequence_length),
                                  eval_checkpoint_step, model_dir, vocabulary, score_postprocess_fn)
