@@ -166,8 +166,16 @@ def test_cpu_layout_file_lowers_and_runs_on_8_virtual_cpus():
   assert log_likelihood.shape == (BATCH,) and np.all(np.isfinite(log_likelihood))
 
 
+def test_transparent_attention_file_sets_six_layers_per_stack_as_upstream():
+  _parse("transparent_attention.gin")
+  assert gin.query_parameter("transformer.make_layer_stack.num_layers") == 6
+  assert [layer.selector for layer in gin.query_parameter("encoder/transformer.make_layer_stack.layers")] == [
+      "transformer_layers.SelfAttention", "transformer_layers.DenseReluDense"]
+
+
 def test_transparent_attention_file_builds_a_bitransformer():
   _parse("transparent_attention.gin", bindings=SMALL_SIZES + """
+transformer.make_layer_stack.num_layers = 1
 num_heads = 2
 d_ff = 8
 transformer_layers.TransparentEncDecAttention.layers_per_encoder_module = 1
