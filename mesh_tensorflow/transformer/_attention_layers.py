@@ -134,7 +134,18 @@ class SelfAttention(transformer.TransformerLayer):
                relative_attention_type: Optional[str] = None, relative_attention_num_buckets: int = 32,
                attention_func: Optional[str] = None, combine_dims: bool = True,
                keep_query_heads_dims: bool = False, fold_scaling_into_initializer: bool = True,
-               z_loss_coeff: Optional[float] = None):
+               z_loss_coeff: Optional[float] = None, use_hyperprompt: bool = False,
+               hyperprompt_mtlshare: bool = False, hyperprompt_length_encoder: Optional[int] = None,
+               hyperprompt_length_decoder: Optional[int] = None, hyperprompt_hidden_dim: Optional[int] = None,
+               hyperprompt_task_num: int = 8):
+    """Creates the layer; the hyperprompt_* arguments are 0.1.21's (see attention.concat_hyper_prompts_kv).
+
+    hyperprompt_length_encoder / _decoder: in a layer under the `encoder` / `decoder` variable
+    scope, that many task prompts (MTL-Prompt, or HyperPrompt if use_hyperprompt; projections
+    shared across tasks if hyperprompt_mtlshare, hidden size hyperprompt_hidden_dim, for
+    hyperprompt_task_num tasks) are prepended to the keys and values; every query sees them.
+    They need context.cache["task-id"] and context.shared_params[scope]["prompts"].
+    """
     _check_relative_attention_type(type(self).__name__, relative_attention_type)
     if attention_func not in (None, "hybrid"):
       raise ValueError(f"{type(self).__name__}: unknown attention_func {attention_func!r}; use None (softmax "
@@ -152,6 +163,12 @@ class SelfAttention(transformer.TransformerLayer):
     self.keep_query_heads_dims = keep_query_heads_dims
     self.fold_scaling_into_initializer = fold_scaling_into_initializer
     self.z_loss_coeff = z_loss_coeff  # see attention.attention
+    self.use_hyperprompt = use_hyperprompt
+    self.hyperprompt_mtlshare = hyperprompt_mtlshare
+    self.hyperprompt_length_encoder = hyperprompt_length_encoder
+    self.hyperprompt_length_decoder = hyperprompt_length_decoder
+    self.hyperprompt_hidden_dim = hyperprompt_hidden_dim
+    self.hyperprompt_task_num = hyperprompt_task_num
 
   def make_params(self, context) -> attention.AttentionParams:
     return attention_params(
@@ -200,11 +217,18 @@ class SelfAttention(transformer.TransformerLayer):
     return attention_output
 
   def compute_bias(self, context, memory_position: mtf.Tensor, x: mtf.Tensor, heads_dims,
-                   q: mtf.Tensor) -> Optional[mtf.Tensor]:
-    """The sum of the attention logit biases (masks and relative-position terms), or None."""
+                   q: mtf.Tensor, use_prompt_kv: Optional[str] = None) -> Optional[mtf.Tensor]:
+    """The sum of the attention logit biases (masks and relative-position terms), or None.
+
+    use_prompt_kv ("encoder_prompts" / "decoder_prompts"): the memory starts with that many
+    prompts (see _prompt_length), which every query sees, as 0.1.21 masks them.
+    """
     min_relative_position = self.min_relative_position(context)
     max_relative_position = self.max_relative_position(context)
     relative_position = memory_position - context.position
+    prompt_length = self._prompt_length(use_prompt_kv)
+    if prompt_length:
+      relative_position -= prompt_length
     biases = []
     if min_relative_position is not None:
       biases.append(_bias_from_visibility(
@@ -213,13 +237,24 @@ class SelfAttention(transformer.TransformerLayer):
       biases.append(_bias_from_visibility(
           mtf.less_equal(relative_position, max_relative_position), context))
     if context.read_priority is not None:
-      biases.append(_bias_from_visibility(mtf.greater_equal(
-          context.read_priority, self.rename_length_to_memory_length(context.write_priority, context)),
-          context))
+      if use_prompt_kv == "decoder_prompts":  # the prompts are written before everything
+        length_name = context.length_dim.name
+        prompts = mtf.constant(x.mesh, -1, mtf.Shape([mtf.Dimension(length_name, prompt_length)]),
+                               dtype=tf.int32)
+        memory_write_priority = mtf.rename_dimension(
+            mtf.concat([prompts, context.write_priority], length_name), length_name, "memory_length")
+      else:
+        memory_write_priority = self.rename_length_to_memory_length(context.write_priority, context)
+      biases.append(_bias_from_visibility(mtf.greater_equal(context.read_priority, memory_write_priority),
+                                          context))
     sequence_id = self._sequence_id_for_masking(context)
     if sequence_id is not None:
-      biases.append(_bias_from_visibility(
-          mtf.equal(sequence_id, self.rename_length_to_memory_length(sequence_id, context)), context))
+      if prompt_length:  # 0.1.21 compares with a memory of ones: a query of segment 1 sees it all
+        memory_length = mtf.Dimension("memory_length", context.length_dim.size + prompt_length)
+        memory_sequence_id = mtf.ones(x.mesh, mtf.Shape([x.shape.dims[0], memory_length]), dtype=tf.int32)
+      else:
+        memory_sequence_id = self.rename_length_to_memory_length(sequence_id, context)
+      biases.append(_bias_from_visibility(mtf.equal(sequence_id, memory_sequence_id), context))
     if self.relative_attention_type is not None:
       cache_key = ("self_attention_bias", min_relative_position, max_relative_position,
                    tuple(heads_dims or []))
@@ -227,6 +262,27 @@ class SelfAttention(transformer.TransformerLayer):
           self, context, relative_position, not context.model.fully_autoregressive, heads_dims, q,
           cache_key))
     return mtf.add_n(biases) if biases else None
+
+  def _prompt_length(self, use_prompt_kv: Optional[str]) -> Optional[int]:
+    return {"encoder_prompts": self.hyperprompt_length_encoder,
+            "decoder_prompts": self.hyperprompt_length_decoder}.get(use_prompt_kv)
+
+  def _concat_prompts(self, context, k: mtf.Tensor, v: mtf.Tensor, memory_position: mtf.Tensor):
+    """(k, v, memory_position, memory_length, use_prompt_kv), with this scope's task prompts prepended.
+
+    0.1.21 reads the scope (`encoder` or `decoder`) from the variable scope's first part.
+    """
+    scope = tf.get_variable_scope().name.split("/")[0]
+    memory_length = self.memory_length(context)
+    prompt_length = {"encoder": self.hyperprompt_length_encoder,
+                     "decoder": self.hyperprompt_length_decoder}.get(scope)
+    if not prompt_length:
+      return k, v, memory_position, memory_length, None
+    k, v, memory_position, memory_length = attention.concat_hyper_prompts_kv(
+        k, v, scope, self.use_hyperprompt, memory_length, self.hyperprompt_task_num, self.num_heads,
+        self.hyperprompt_hidden_dim, self.kv_dim, context, self.hyperprompt_mtlshare, self.dropout_rate,
+        prompt_length=prompt_length)
+    return k, v, memory_position, memory_length, scope + "_prompts"
 
   def _sequence_id_for_masking(self, context) -> Optional[mtf.Tensor]:
     """subsequence_id (several targets per input) or sequence_id, when it runs along the length.
@@ -265,9 +321,11 @@ class SelfAttention(transformer.TransformerLayer):
     kv_list = [params.compute_kv(x)] if self.shared_kv else [params.compute_k(x), params.compute_v(x)]
     kv_list, memory_position = self.update_memory(context, kv_list)
     k, v = kv_list * 2 if self.shared_kv else kv_list
-    bias = self.compute_bias(context, memory_position, x, params.query_heads_dims, q)
+    k, v, memory_position, memory_length, use_prompt_kv = self._concat_prompts(context, k, v, memory_position)
+    bias = self.compute_bias(context, memory_position, x, params.query_heads_dims, q,
+                             use_prompt_kv=use_prompt_kv)
     o = self.attention_fn(
-        q, k, v, context=context, memory_length_dim=self.memory_length(context), key_dim=self.kv_dim,
+        q, k, v, context=context, memory_length_dim=memory_length, key_dim=self.kv_dim,
         value_dim=self.kv_dim, bias=bias, **self.attention_kwargs_from_context(context))
     attention_output = params.compute_output(o, output_shape=self.expected_attention_output_shape(x, params))
     return self.layer_output_from_attention_output(context, attention_output, losses)

@@ -368,3 +368,66 @@ def test_z_loss_coeff_adds_the_mean_squared_log_normalizer_of_the_logits_in_trai
   log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
   expected = coeff * np.mean(log_z ** 2 * (sequence_id != 0)[:, None, :])
   np.testing.assert_allclose(z_loss, expected, rtol=1e-4)
+
+
+PROMPT_LENGTH, PROMPT_HIDDEN, TASKS = 3, 4, 2
+TASK_IDS = np.array([[1] * LENGTH, [0] * LENGTH], np.int32)  # [batch, length]: each example's task
+
+
+def _tf_layer_norm(t, scale, bias):
+  mean, variance = tf.nn.moments(t, axes=[-1], keepdims=True)
+  return (t - mean) * tf.math.rsqrt(variance + 1e-6) * scale + bias
+
+
+@pytest.mark.parametrize("scope,share", [("decoder", False), ("encoder", True)])
+def test_self_attention_hyperprompts_prepend_task_prompt_keys_and_values(scope, share):
+  """0.1.21's MTL-Prompt: keys/values of each example's task prompts, seen by every query."""
+  layer = transformer_layers.SelfAttention(
+      num_heads=2, key_value_size=2, hyperprompt_mtlshare=share, hyperprompt_hidden_dim=PROMPT_HIDDEN,
+      hyperprompt_task_num=TASKS, **{f"hyperprompt_length_{scope}": PROMPT_LENGTH})
+  causal = scope == "decoder"
+
+  def build(x, prompts, task_ids):
+    context = make_context(x, model_stub(D_MODEL), causal=causal)
+    context.cache["task-id"] = task_ids
+    context.shared_params = {scope: {"prompts": prompts}}
+    return call_layer(layer, context, x, scope=scope)
+
+  def reference(x, prompts, task_ids, variables):
+    w = {name[len(scope) + 1:]: value for name, value in variables.items()}
+    ln = "prompts_layernorm/layer_norm/layer_norm_"
+    normed = _tf_layer_norm(prompts, w[ln + "scale"], w[ln + "bias"])  # [task, prompt, d_model]
+
+    def prompt_projection(kind):
+      up, down = w[f"prompt/w_{kind}_up"], w[f"prompt/w_{kind}_down"]
+      if share:
+        hidden = tf.nn.relu(tf.einsum("tpd,dh->tph", normed, up))
+        projected = tf.einsum("tph,hnk->tpnk", hidden, down)
+      else:
+        hidden = tf.nn.relu(tf.einsum("tpd,tdh->tph", normed, up))
+        projected = tf.einsum("tph,thnk->tpnk", hidden, down)
+      return tf.gather(projected, task_ids[:, 0])  # [batch, prompt, heads, d_kv]
+    q, k, v = [tf_project_heads(x, w[n], 2) for n in "qkv"]
+    k = tf.concat([prompt_projection("k"), k], 1)
+    v = tf.concat([prompt_projection("v"), v], 1)
+    visible = np.ones([LENGTH, PROMPT_LENGTH + LENGTH], bool)
+    if causal:
+      visible[:, PROMPT_LENGTH:] = np.arange(LENGTH)[:, None] >= np.arange(LENGTH)[None, :]
+    o = tf_attention(q, k, v, visibility_bias(visible))
+    return tf.einsum("blhk,hkd->bld", o, tf.reshape(w["o"], [2, 2, D_MODEL]))
+  prompts = _randn(TASKS, PROMPT_LENGTH, D_MODEL)
+  prompts_shape = f"task_num:{TASKS};memory_length:{PROMPT_LENGTH};d_model:8"
+  result = check_layer(build, reference, [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE), (prompts, prompts_shape),
+                                          (TASK_IDS, "batch:2;length:5")])
+  task_dims = [] if share else [TASKS]
+  assert result.shapes[scope + "/prompt/w_k_up"].to_integer_list == task_dims + [D_MODEL, PROMPT_HIDDEN]
+  assert result.shapes[scope + "/prompt/w_v_down"].to_integer_list == task_dims + [PROMPT_HIDDEN, 2, 2]
+
+
+def test_self_attention_hyperprompts_need_the_task_ids():
+  layer = transformer_layers.SelfAttention(num_heads=2, key_value_size=2, hyperprompt_length_decoder=2,
+                                           hyperprompt_hidden_dim=4)
+  with pytest.raises(ValueError, match=r"set context.cache\['task-id'\]"):
+    lower_and_evaluate(lambda mesh: [call_layer(
+        layer, make_context(mtf.zeros(mesh, X_SHAPE), model_stub(D_MODEL)), mtf.zeros(mesh, X_SHAPE),
+        scope="decoder")])
