@@ -10,7 +10,7 @@ from mesh_tensorflow._layers.dense import (
     dense as dense, get_dense_kernel_weights as get_dense_kernel_weights, dense_product as dense_product,
     dense_relu_dense as dense_relu_dense)
 from mesh_tensorflow._layers.norm import (
-    layer_norm as layer_norm, batch_norm as batch_norm)
+    layer_norm as layer_norm, batch_norm as batch_norm, corr as corr)
 from mesh_tensorflow._layers.losses import (
     softmax_cross_entropy_with_logits as softmax_cross_entropy_with_logits,
     sigmoid_cross_entropy_with_logits as sigmoid_cross_entropy_with_logits,

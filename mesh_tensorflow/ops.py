@@ -21,6 +21,8 @@ from mesh_tensorflow._core.layout import (
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.parsing import _parse_string_to_list_of_pairs
 from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._backends.tpu_topology import (
+    pnum_to_processor_coordinates_nd, processor_coordinates_to_pnum_map_nd)
 from mesh_tensorflow._lowering.comm import CommEvent
 from mesh_tensorflow._lowering.dry_run import DryRunResult, dry_run
 from mesh_tensorflow._lowering.lazy import (

@@ -12,6 +12,10 @@ from mesh_tensorflow._tf_compat import control_flow_ops, gen_resource_variable_o
 from mesh_tensorflow._tf_compat import session as session_lib
 from mesh_tensorflow._tf_compat import tensor_conversion_registry
 
+# 0.1.21's flag for "TensorFlow >= 2.3" (tensorflow.python.types.core exists), on which it based
+# ReplicatedVariable's tensor-like registration; always true on the TensorFlow this package needs.
+TF_23 = True
+
 
 def _enclosing_tpu_context():
   """The innermost XLA (TPU replicate) control-flow context around the default graph, or None."""

@@ -151,14 +151,66 @@ def _is_power_of_2(x: int) -> bool:
   return x > 0 and x & (x - 1) == 0
 
 
+def pnum_to_processor_coordinates_nd(mesh_shape, pnum: int, device_assignment) -> list:
+  """Physical coordinates of replica `pnum` (core 0 of it) under a TPU device assignment.
+
+  Args:
+    mesh_shape: unused (kept for 0.1.21's signature): the coordinates come from the assignment.
+    pnum: a replica number.
+    device_assignment: a tf.tpu.experimental.DeviceAssignment (or any object with
+      coordinates(replica, logical_core)).
+  """
+  del mesh_shape
+  return list(device_assignment.coordinates(pnum, 0))
+
+
+def processor_coordinates_to_pnum_map_nd(mesh_shape, logical_to_physical, device_assignment) -> list:
+  """The replica number at each physical coordinate of `logical_to_physical`.
+
+  The inverse of pnum_to_processor_coordinates_nd for a one-core-per-chip slice: a coordinate
+  (x, y[, z]) of `mesh_shape` (the physical [x, y, cores] grid) is looked up among the replicas'
+  coordinates in the device assignment's topology.
+
+  Args:
+    mesh_shape: the physical grid, [x, y, ...] (a list of integers or a Shape).
+    logical_to_physical: physical coordinates, one per logical processor.
+    device_assignment: a tf.tpu.experimental.DeviceAssignment.
+
+  Returns:
+    the replica numbers, one per entry of logical_to_physical.
+
+  Raises:
+    ValueError: if a coordinate holds no replica of the assignment.
+  """
+  sizes = mesh_shape.to_integer_list if isinstance(mesh_shape, Shape) else list(mesh_shape)
+  hardware = [int(size) for size in device_assignment.topology.mesh_shape]
+
+  def linear(coord, grid) -> int:
+    return coord[0] + coord[1] * grid[0] + (coord[2] * grid[0] * grid[1] if len(coord) > 2 else 0)
+
+  replica_at = {linear(device_assignment.coordinates(replica, 0), hardware): replica
+                for replica in range(device_assignment.num_replicas)}
+  out = []
+  for coord in logical_to_physical:
+    key = linear(list(coord)[:2], sizes)
+    if not all(0 <= c < size for c, size in zip(list(coord)[:2], sizes)) or key not in replica_at:
+      raise ValueError(f"processor_coordinates_to_pnum_map_nd: no replica of the device assignment "
+                       f"sits at physical coordinate {list(coord)}; the assignment covers "
+                       f"{device_assignment.num_replicas} replicas of topology {hardware}.")
+    out.append(replica_at[key])
+  return out
+
+
 def auto_logical_to_physical_tpu(logical_shape: Sequence[int], physical_shape: Sequence[int],
-                                 return_coordinates: bool = False) -> list:
+                                 return_coordinates: bool = False, device_assignment=None) -> list:
   """A logical-to-physical map for a TPU slice that keeps later logical axes physically compact.
 
   For [rows, cols, 2] slices (or their 4-D topology form [x, y, 1, 2]) with power-of-2 rows and
   cols: a 1-D mesh is a ring of chips; otherwise the first logical axis counts rectangular tiles
   of chips, laid on a ring, and the remaining axes are mapped recursively inside each tile.
-  Other physical shapes get the identity map.
+  Slices of one core per chip ([rows, cols, 1]) are laid out the same way when `device_assignment`
+  is given, which then names the replica at each chosen chip. Other physical shapes (and one-core
+  slices without a device assignment) get the identity map.
 
   Example: auto_logical_to_physical_tpu([16, 8], [8, 8, 2]) puts each group of 8 along the second
   logical axis on a 2x2 block of chips (2 cores each), and the 16 blocks on a ring.
@@ -167,6 +219,8 @@ def auto_logical_to_physical_tpu(logical_shape: Sequence[int], physical_shape: S
     logical_shape: the mesh shape, a list of integers.
     physical_shape: e.g. [8, 8, 2] or a topology shape [8, 8, 1, 2].
     return_coordinates: return physical coordinates instead of physical pnums.
+    device_assignment: a tf.tpu.experimental.DeviceAssignment; used (and needed) for
+      [rows, cols, 1] slices, whose physical pnums are its replica numbers.
   Returns:
     logical_to_physical: a permutation of range(prod(physical_shape)) (or coordinate lists).
   Raises:
@@ -182,7 +236,8 @@ def auto_logical_to_physical_tpu(logical_shape: Sequence[int], physical_shape: S
   num_cores = list_product(logical_shape)
   if len(physical_shape) == 4 and physical_shape[2] == 1:
     physical_shape = physical_shape_3d_from_topology_proto_4d(physical_shape)
-  if (len(physical_shape) != 3 or physical_shape[2] != 2
+  cores_per_chip = 1 if device_assignment is not None or return_coordinates else 2
+  if (len(physical_shape) != 3 or physical_shape[2] not in (cores_per_chip, 2)
       or not all(_is_power_of_2(p) for p in physical_shape[:2])):
     logging.warning("auto_logical_to_physical_tpu: unrecognised physical shape %s; using the "
                     "identity map.", physical_shape)
@@ -206,6 +261,8 @@ def auto_logical_to_physical_tpu(logical_shape: Sequence[int], physical_shape: S
       coords.append((tile_i * t0 + i, tile_j * t1 + j, core))
   if return_coordinates:
     return [list(c) for c in coords]
+  if p2 == 1:
+    return processor_coordinates_to_pnum_map_nd(physical_shape, coords, device_assignment)
   return [processor_coordinates_to_pnum(physical_shape, list(c)) for c in coords]
 
 

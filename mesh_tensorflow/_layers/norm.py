@@ -1,4 +1,4 @@
-"""Normalisation layers: layer norm and batch norm (with moving statistics)."""
+"""Normalisation layers: layer norm and batch norm (with moving statistics); Pearson correlation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow import ops_with_redefined_builtins as mtf
 
-__all__ = ["layer_norm", "batch_norm"]
+__all__ = ["layer_norm", "batch_norm", "corr"]
 
 
 def _normalize(x: mtf.Tensor, mean: mtf.Tensor, variance: mtf.Tensor, epsilon: float) -> mtf.Tensor:
@@ -82,3 +82,29 @@ def batch_norm(x: mtf.Tensor, is_training, momentum: float, epsilon: float = 1e-
       norm_x = _normalize(x, moving_mean, moving_variance, epsilon)
       update_ops = []
     return norm_x * scale + bias, update_ops
+
+
+def corr(x: mtf.Tensor, dim: mtf.Dimension, epsilon: float = 1e-20,
+         name: str = "pearson_correlation") -> mtf.Tensor:
+  """Pearson correlation between the entries of `dim`, the other dims of x being samples.
+
+  As tfp.stats.correlation with event axis `dim`.
+
+  Args:
+    x: a Tensor whose shape contains dim.
+    dim: the event Dimension.
+    epsilon: added to each standard deviation (times the sample count) against division by 0.
+    name: variable scope.
+
+  Returns:
+    a [dim_1, dim_2] Tensor (dim renamed `<dim.name>_1` and `<dim.name>_2`), ones on the diagonal.
+  """
+  if dim not in x.shape.dims:
+    raise ValueError(f"corr: dim {dim} is not in the input's shape {x.shape}; pass one of its dims.")
+  with tf.variable_scope(name):
+    centered = x - mtf.reduce_mean(x, output_shape=[dim])
+    renamed = [mtf.Dimension(f"{dim.name}_{i}", dim.size) for i in (1, 2)]
+    sides = [mtf.rename_dimension(centered, dim.name, d.name) for d in renamed]
+    norms = [mtf.sqrt(mtf.reduce_sum(mtf.square(side), output_shape=[d])) + epsilon
+             for side, d in zip(sides, renamed)]
+    return mtf.matmul(sides[0], sides[1]) / mtf.matmul(norms[0], norms[1])

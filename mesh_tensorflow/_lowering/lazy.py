@@ -64,16 +64,16 @@ def compatible_lazy_allreduce_sums(xs) -> bool:
 
 
 class LazyLaidOutTensor:
-  """A laid-out value computed by `tensor_fn()` on first use."""
+  """A laid-out value computed by `to_laid_out_tensor_fn()` on first use."""
 
-  def __init__(self, tensor_fn: Callable, slice_shape):
-    self.tensor_fn = tensor_fn
+  def __init__(self, to_laid_out_tensor_fn: Callable, slice_shape):
+    self._to_laid_out_tensor_fn = to_laid_out_tensor_fn
     self._slice_shape = slice_shape
     self._value = None
 
   def to_laid_out_tensor(self):
     if self._value is None:
-      self._value = self.tensor_fn()
+      self._value = self._to_laid_out_tensor_fn()
     return self._value
 
   @property

@@ -21,7 +21,7 @@ from mesh_tensorflow._ops import io as io_ops
 __all__ = [
     "SlicewiseOperation", "slicewise", "cwise", "GenericGradOperation",
     "identity", "sin", "cos", "square", "sqrt", "rsqrt", "log", "exp", "sigmoid", "tanh",
-    "negative", "reciprocal", "relu", "leaky_relu", "logical_not", "sign", "elu", "selu",
+    "negative", "reciprocal", "relu", "squared_relu", "leaky_relu", "logical_not", "sign", "elu", "selu",
     "softplus", "swish", "gelu", "mtf_abs", "mtf_pow",
     "cast", "to_float", "to_bfloat16", "to_int32",
 ]
@@ -278,9 +278,14 @@ def relu(x: Tensor, name: str = "relu") -> Tensor:
   return _unary(tf.nn.relu, x, name, lambda op, dy: [_relu_grad(dy, op.inputs[0])], needs_float=False)
 
 
-def leaky_relu(x: Tensor, alpha: float = 0.2) -> Tensor:
+def squared_relu(x: Tensor) -> Tensor:
+  """relu(x) ** 2, the Primer activation (https://arxiv.org/abs/2109.08668)."""
+  return square(relu(x))
+
+
+def leaky_relu(x: Tensor, alpha: float = 0.2, name: str = "leaky_relu") -> Tensor:
   """max(x, alpha * x); the gradient is dy where x > 0 and alpha * dy elsewhere."""
-  return _unary(lambda t: tf.nn.leaky_relu(t, alpha), x, "leaky_relu",
+  return _unary(lambda t: tf.nn.leaky_relu(t, alpha), x, name,
                 lambda op, dy: [_relu_grad(dy, op.inputs[0], alpha)])
 
 

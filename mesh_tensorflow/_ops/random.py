@@ -9,6 +9,7 @@ its random ops alike, whatever name scopes TF made unique.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import numbers
 import random as py_random
@@ -75,32 +76,47 @@ def random_normal(mesh, shape, **kwargs) -> Tensor:
   return RandomOperation(mesh, convert_to_shape(shape), tf.random.normal, **kwargs).outputs[0]
 
 
-def dropout(x: Tensor, is_training=True, *args, keep_prob=None, rate=None, noise_shape=None,
+def _accepts_pre_0_1_19_calls(dropout_fn: Callable) -> Callable:
+  """Lets `dropout_fn` (0.1.19+'s signature) also take calls written for mesh_tensorflow <= 0.1.18.
+
+  Up to 0.1.18 the signature was dropout(x, keep_prob=None, rate=None, noise_shape=None, name=None),
+  always applied. Such a call is recognised by a float (or float Tensor) second positional
+  argument, or by the absence of is_training; it is rebound by the old parameter names.
+  """
+  old_names = ("x", "keep_prob", "rate", "noise_shape", "name")
+
+  @functools.wraps(dropout_fn)
+  def wrapper(*args, **kwargs):
+    if len(args) >= 2 and _is_keep_prob(args[1]):
+      if len(args) > len(old_names):
+        raise TypeError(f"dropout() got {len(args)} positional arguments for {old_names}.")
+      for arg_name in old_names[:len(args)]:
+        if arg_name in kwargs:
+          raise TypeError(f"dropout() got multiple values for argument {arg_name!r}.")
+      return dropout_fn(is_training=True, **dict(zip(old_names, args)), **kwargs)
+    if len(args) < 2 and "is_training" not in kwargs:
+      kwargs["is_training"] = True
+    return dropout_fn(*args, **kwargs)
+
+  return wrapper
+
+
+@_accepts_pre_0_1_19_calls
+def dropout(x: Tensor, is_training, keep_prob=None, rate=None, noise_shape=None,
             name: Optional[str] = None) -> Tensor:
   """Zeroes each element with probability rate (= 1 - keep_prob), scaling float x by 1/keep_prob.
 
-  Both signatures of mesh_tensorflow are accepted:
-    dropout(x, is_training, keep_prob=None, rate=None, noise_shape=None, name=None)  (0.1.19+)
-    dropout(x, keep_prob=None, rate=None, noise_shape=None, name=None)  (up to 0.1.18)
-  A float (or float Tensor) second argument is the old keep_prob; is_training defaults to True.
+  Calls of mesh_tensorflow <= 0.1.18, dropout(x, keep_prob=None, rate=None, noise_shape=None,
+  name=None), are accepted too and always apply dropout (see _accepts_pre_0_1_19_calls).
 
   Args:
     x: the tensor to drop elements of.
     is_training: dropout is the identity unless this is true.
-    keep_prob / rate: exactly one must be given.
+    keep_prob: the fraction of elements to keep; exactly one of keep_prob and rate must be given.
+    rate: the fraction of elements to drop (1 - keep_prob).
     noise_shape: a subset of x's dims; elements differing only in the other dims are dropped together.
     name: variable scope of the dropout ops (default "dropout").
   """
-  if _is_keep_prob(is_training):  # the old signature: positional arguments start at keep_prob
-    args, is_training = (is_training,) + args, True
-  names = ("keep_prob", "rate", "noise_shape", "name")
-  if len(args) > len(names):
-    raise TypeError(f"dropout() got {len(args)} positional arguments for {names}.")
-  positional = dict(zip(names, args))
-  keep_prob = _merge_arg("keep_prob", positional.get("keep_prob"), keep_prob)
-  rate = _merge_arg("rate", positional.get("rate"), rate)
-  noise_shape = _merge_arg("noise_shape", positional.get("noise_shape"), noise_shape)
-  name = _merge_arg("name", positional.get("name"), name)
   if (keep_prob is None) == (rate is None):
     raise ValueError(f"dropout of {x.name!r}: give exactly one of keep_prob and rate "
                      f"(got keep_prob={keep_prob!r}, rate={rate!r}).")
@@ -126,12 +142,6 @@ def _is_keep_prob(value) -> bool:
   if isinstance(value, (Tensor, tf.Tensor)):
     return value.dtype.is_floating
   return isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
-
-
-def _merge_arg(arg_name: str, positional, keyword):
-  if positional is not None and keyword is not None:
-    raise TypeError(f"dropout() got multiple values for argument {arg_name!r}.")
-  return keyword if positional is None else positional
 
 
 def _check_noise_shape(x: Tensor, noise_shape: Optional[Shape]) -> Shape:

@@ -350,7 +350,11 @@ class SearchSpaceTooLarge(ValueError):
   """More candidate layouts than MAX_ENUMERATED (a mesh with many dimensions)."""
 
 
-class NoLayoutFits(ValueError):
+class SolverError(ValueError):
+  """The layout search found no acceptable layout (0.1.21's `layout_optimizer.SolverError`)."""
+
+
+class NoLayoutFits(SolverError):
   """No layout keeps one processor's memory under the limit."""
 
   def __init__(self, problem: Problem, limit: float, smallest_row):

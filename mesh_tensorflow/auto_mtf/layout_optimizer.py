@@ -16,7 +16,7 @@ from mesh_tensorflow._core.layout import convert_to_layout_rules
 from mesh_tensorflow._cost import model as cost_model
 from mesh_tensorflow.auto_mtf import _solver
 
-SolverError = _solver.NoLayoutFits
+SolverError = _solver.SolverError
 SearchSpaceTooLarge = _solver.SearchSpaceTooLarge
 
 
@@ -75,9 +75,18 @@ class LayoutOptimizer:
     self.solution: Optional[_solver.Solution] = None
     self._any_assignment_model: Optional[_solver.Problem] = None  # built by evaluate_layout on demand
 
-  def solve(self) -> str:
-    """The best layout as a rules string ("a:m2;c:m1"); the Solution is kept in `self.solution`."""
+  def solve(self, print_solution: bool = False) -> str:
+    """The best layout as a rules string ("a:m2;c:m1"); the Solution is kept in `self.solution`.
+
+    Args:
+      print_solution: also print every decision and the cost (print_cp_model_solution).
+    Raises:
+      SolverError: no layout fits the memory limit.
+    """
     self.solution = _solver.search(self._model, self._memory_limit_bytes)
+    if print_solution:
+      from mesh_tensorflow.auto_mtf import print_cp_model_solution  # it imports this module
+      print_cp_model_solution.print_solution(self._model, self.solution)
     return self.solution.layout_string
 
   def evaluate_layout(self, layout) -> float:

@@ -7,21 +7,22 @@ import sys
 from mesh_tensorflow.auto_mtf import layout_optimizer
 
 
-def print_solution(model, solution, file=None) -> None:
+def print_solution(model, solver, file=None) -> None:
   """Prints each decision x_(dim:mesh_dim) = 0/1 of `model` (a LayoutOptimizer._model) and the cost.
 
   Args:
     model: the search problem (`LayoutOptimizer._model`).
-    solution: the Solution `LayoutOptimizer.solve` kept (`optimizer.solution`).
+    solver: what the search solved, the Solution `LayoutOptimizer.solve` kept
+      (`optimizer.solution`); 0.1.21 passed its CP solver here.
     file: where to print (default stdout).
   """
   file = file or sys.stdout
   for dim in model.dims:
     for axis in model.domains[dim][1:]:
       mesh_dim = model.mesh_names[axis]
-      value = int(solution.assignment.get(dim) == mesh_dim)
+      value = int(solver.assignment.get(dim) == mesh_dim)
       print(f"{layout_optimizer._global_var_name(dim, mesh_dim)} = {value}", file=file)
   print(
-    f"estimated step: {solution.estimated_s * 1e3:.3f} ms, predicted step: {solution.step_s * 1e3:.3f} ms",
+    f"estimated step: {solver.estimated_s * 1e3:.3f} ms, predicted step: {solver.step_s * 1e3:.3f} ms",
     file=file,
   )

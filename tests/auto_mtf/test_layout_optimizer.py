@@ -1,5 +1,6 @@
 """layout_optimizer: variable names, assignments, solve and evaluate_layout (upstream conventions)."""
 
+import contextlib
 import io
 
 import pytest
@@ -78,6 +79,25 @@ class LayoutOptimizerTest(tf.test.TestCase):
     self.assertEqual(lines[:-1], expected)
     self.assertEqual(sum(line.endswith("= 1") for line in lines), 2)
     self.assertIn("predicted step", lines[-1])
+
+  def test_solve_print_solution_prints_the_same_decisions(self):
+    optimizer = _optimizer()
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+      layout = optimizer.solve(print_solution=True)
+    out = io.StringIO()
+    print_cp_model_solution.print_solution(optimizer._model, optimizer.solution, file=out)
+    self.assertEqual(printed.getvalue(), out.getvalue())
+    self.assertEqual(layout, optimizer.solution.layout_string)
+    with contextlib.redirect_stdout(io.StringIO()) as silent:
+      optimizer.solve()
+    self.assertEqual(silent.getvalue(), "")
+
+  def test_solver_error_is_constructed_as_upstream_and_is_what_no_fit_raises(self):
+    error = layout_optimizer.SolverError("no solution", 3)
+    self.assertEqual(error.args, ("no solution", 3))
+    self.assertIsInstance(error, ValueError)
+    with self.assertRaises(layout_optimizer.SolverError):
+      _optimizer(memory_limit_bytes=100).solve()
 
 
 def test_a_layout_the_lowering_rejects_is_skipped_for_the_next_best(monkeypatch):

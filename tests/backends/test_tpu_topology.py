@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -255,3 +256,43 @@ def test_spec_to_mesh_shape_infers_the_first_axis():
 def test_spec_to_mesh_shape_wrong_processor_count_raises():
   with pytest.raises(ValueError, match="not num_processors=64"):
     HierarchicalTiling.spec_to_mesh_shape([("batch", [4]), ("model", [2, 4])], 64)
+
+
+class _FakeDeviceAssignment:
+  """The part of tf.tpu.experimental.DeviceAssignment the *_nd maps read: replica -> (x, y, z)."""
+
+  def __init__(self, topology_shape, replica_coordinates):
+    self.topology = type("Topology", (), {"mesh_shape": np.array(topology_shape)})()
+    self._coordinates = replica_coordinates
+    self.num_replicas = len(replica_coordinates)
+
+  def coordinates(self, replica, logical_core):
+    assert logical_core == 0
+    return np.array(self._coordinates[replica])
+
+
+# A 2x2 slice of one-core chips whose replicas are numbered out of physical order.
+_ASSIGNMENT = _FakeDeviceAssignment([2, 2, 1, 1], [[1, 1, 0], [0, 0, 0], [1, 0, 0], [0, 1, 0]])
+
+
+def test_pnum_to_processor_coordinates_nd_reads_the_device_assignment():
+  assert [mtf.pnum_to_processor_coordinates_nd([4], p, _ASSIGNMENT) for p in range(4)] == [
+      [1, 1, 0], [0, 0, 0], [1, 0, 0], [0, 1, 0]]
+
+
+def test_processor_coordinates_to_pnum_map_nd_inverts_it():
+  coords = [[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0]]
+  assert mtf.processor_coordinates_to_pnum_map_nd([2, 2, 1], coords, _ASSIGNMENT) == [1, 2, 3, 0]
+  with pytest.raises(ValueError, match=r"no replica .* at physical coordinate \[2, 0, 0\]"):
+    mtf.processor_coordinates_to_pnum_map_nd([2, 2, 1], [[2, 0, 0]], _ASSIGNMENT)
+
+
+def test_auto_logical_to_physical_tpu_one_core_chips_maps_the_ring_through_the_device_assignment():
+  ring = simd_mesh_impl.auto_logical_to_physical_tpu([4], [2, 2, 1], return_coordinates=True)
+  assert [tuple(c[:2]) for c in ring] == simd_mesh_impl._ring_2d(2, 2)
+  replicas = simd_mesh_impl.auto_logical_to_physical_tpu([4], [2, 2, 1], device_assignment=_ASSIGNMENT)
+  assert [_ASSIGNMENT.coordinates(r, 0).tolist()[:2] for r in replicas] == [c[:2] for c in ring]
+  assert replicas == [1, 3, 0, 2]
+  # two-core chips ignore the assignment (their pnums are row-major), as in 0.1.21
+  assert (simd_mesh_impl.auto_logical_to_physical_tpu([8], [2, 2, 2], device_assignment=_ASSIGNMENT)
+          == simd_mesh_impl.auto_logical_to_physical_tpu([8], [2, 2, 2]))

@@ -129,3 +129,19 @@ def test_batch_norm_update_ops_move_statistics_by_momentum():
                              rtol=1e-5)
   np.testing.assert_allclose(new_var, momentum * old_var + (1 - momentum) * X.var(axis=(0, 1)),
                              rtol=1e-5)
+
+
+@pytest.mark.parametrize("dim_name,axis", [("io", 2), ("batch", 0)])
+def test_corr_is_numpy_pearson_correlation_over_the_other_dims(dim_name, axis):
+  dim = mtf.Dimension(dim_name, SIZES[dim_name])
+  outputs = []
+  result = run_layer(lambda x: outputs.append(mtf.layers.corr(x, dim)) or outputs[-1], [(X, X_SHAPE)],
+                     grads=False)
+  samples = np.moveaxis(X, axis, -1).reshape(-1, SIZES[dim_name])
+  np.testing.assert_allclose(result.y, np.corrcoef(samples, rowvar=False), rtol=1e-5, atol=1e-6)
+  assert outputs[0].shape == mtf.convert_to_shape(f"{dim_name}_1:{dim.size};{dim_name}_2:{dim.size}")
+
+
+def test_corr_dim_missing_from_input_raises():
+  with pytest.raises(ValueError, match="corr: dim .*io.* is not in the input"):
+    run_layer(lambda x: mtf.layers.corr(x, mtf.Dimension("io", 5)), [(X, X_SHAPE)])

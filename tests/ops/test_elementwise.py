@@ -33,6 +33,7 @@ UNARY = {
     "negative": (mtf.negative, tf.negative, "signed"),
     "reciprocal": (mtf.reciprocal, tf.math.reciprocal, "positive"),
     "relu": (mtf.relu, tf.nn.relu, "signed"),
+    "squared_relu": (mtf.squared_relu, lambda x: tf.square(tf.nn.relu(x)), "signed"),
     "leaky_relu": (mtf.leaky_relu, lambda x: tf.nn.leaky_relu(x, 0.2), "signed"),
     "leaky_relu_alpha": (lambda x: mtf.leaky_relu(x, alpha=0.5), lambda x: tf.nn.leaky_relu(x, 0.5),
                          "signed"),
@@ -268,3 +269,9 @@ def test_relu_gradient_is_linear_in_dy_and_so_is_its_own_gradient(mode, alpha):
     return [du]
   du, = lower_and_evaluate(build, "rows:2;cols:2", "a:rows;b:cols", mode)
   assert_allclose(du, np.where(x_np > 0, v_np, (alpha or 0.0) * v_np))
+
+
+def test_leaky_relu_name_names_its_operation():
+  mesh = mtf.Mesh(mtf.Graph(), "m")
+  y = mtf.leaky_relu(mtf.ones(mesh, "a:2"), 0.1, name="my_leaky")
+  assert y.operation.name.startswith("my_leaky")
