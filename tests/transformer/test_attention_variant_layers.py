@@ -431,3 +431,58 @@ def test_self_attention_hyperprompts_need_the_task_ids():
     lower_and_evaluate(lambda mesh: [call_layer(
         layer, make_context(mtf.zeros(mesh, X_SHAPE), model_stub(D_MODEL)), mtf.zeros(mesh, X_SHAPE),
         scope="decoder")])
+
+
+HYPERNET = {  # context.shared_params["decoder"] of a HyperPrompt client: name -> (shape, dims)
+    "task_raw_embedding": ((TASKS, 5), "task_num:2;task_emb:5"),
+    "layer_embedding": ((3, 2), "layers:3;task_emb:2"),
+    "task_projector_layer_one": ((7, 6), "task_emb:7;task_hidden:6"),
+    "task_projector_layer_two": ((6, 4), "task_hidden:6;task_final:4"),
+    "hypernet_w_k_up": ((4, D_MODEL, PROMPT_HIDDEN), "task_final:4;d_model:8;prefix_hidden:4"),
+    "hypernet_w_v_up": ((4, D_MODEL, PROMPT_HIDDEN), "task_final:4;d_model:8;prefix_hidden:4"),
+    "hypernet_w_k_down": ((4, PROMPT_HIDDEN, 2, 2), "task_final:4;prefix_hidden:4;heads:2;d_kv:2"),
+    "hypernet_w_v_down": ((4, PROMPT_HIDDEN, 2, 2), "task_final:4;prefix_hidden:4;heads:2;d_kv:2"),
+}
+
+
+def test_self_attention_hyperprompt_mode_generates_the_prompt_projections_per_task_and_layer():
+  """use_hyperprompt: the projections come from a hypernetwork of the task and layer (layer_002) embedding."""
+  layer = transformer_layers.SelfAttention(num_heads=2, key_value_size=2, use_hyperprompt=True,
+                                           hyperprompt_length_decoder=PROMPT_LENGTH,
+                                           hyperprompt_hidden_dim=PROMPT_HIDDEN, hyperprompt_task_num=TASKS)
+
+  def build(x, prompts, task_ids, *hypernet):
+    context = make_context(x, model_stub(D_MODEL))
+    context.cache["task-id"] = task_ids
+    context.shared_params = {"decoder": dict(prompts=prompts, **dict(zip(HYPERNET, hypernet)))}
+    with tf.variable_scope("decoder"):
+      return call_layer(layer, context, x, scope="layer_002")
+
+  def reference(x, prompts, task_ids, *hypernet, variables):
+    w = {name[len("decoder/layer_002/"):]: value for name, value in variables.items()}
+    h = dict(zip(HYPERNET, hypernet))
+
+    def layer_norm(t, name):
+      scope = name + "/layer_norm/layer_norm_"
+      return _tf_layer_norm(t, w[scope + "scale"], w[scope + "bias"])
+    rows = tf.tile(h["layer_embedding"][2:3], [TASKS, 1])
+    task_hidden = tf.nn.relu(tf.concat([h["task_raw_embedding"], rows], 1) @ h["task_projector_layer_one"])
+    task = layer_norm(task_hidden @ h["task_projector_layer_two"], "prompt_task_embed_layernorm")
+    normed = layer_norm(prompts, "prompts_layernorm")
+
+    def prompt_projection(kind):
+      up = tf.einsum("tf,fdh->tdh", task, h[f"hypernet_w_{kind}_up"])
+      down = tf.einsum("tf,fhnk->thnk", task, h[f"hypernet_w_{kind}_down"])
+      projected = tf.einsum("tph,thnk->tpnk", tf.nn.relu(tf.einsum("tpd,tdh->tph", normed, up)), down)
+      return tf.gather(projected, task_ids[:, 0])
+    q, k, v = [tf_project_heads(x, w[n], 2) for n in "qkv"]
+    k = tf.concat([prompt_projection("k"), k], 1)
+    v = tf.concat([prompt_projection("v"), v], 1)
+    visible = np.ones([LENGTH, PROMPT_LENGTH + LENGTH], bool)
+    visible[:, PROMPT_LENGTH:] = np.arange(LENGTH)[:, None] >= np.arange(LENGTH)[None, :]
+    o = tf_attention(q, k, v, visibility_bias(visible))
+    return tf.einsum("blhk,hkd->bld", o, tf.reshape(w["o"], [2, 2, D_MODEL]))
+  hypernet = [(_randn(*shape) * 0.5, dims) for shape, dims in HYPERNET.values()]
+  prompts = (_randn(TASKS, PROMPT_LENGTH, D_MODEL), "task_num:2;memory_length:3;d_model:8")
+  check_layer(build, reference, [(_randn(BATCH, LENGTH, D_MODEL), X_SHAPE), prompts,
+                                 (TASK_IDS[:, :1], "batch:2;one:1")] + hypernet)
