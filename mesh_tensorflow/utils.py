@@ -44,18 +44,18 @@ class BalancedVariablePlacer:
     heapq.heapify(self._mem_device_heap)
     self._last_device = devices[0]
 
-  def device_function(self, op) -> str:
-    """The device for `op`: the least-used device for a variable op, else the last one chosen."""
-    if op.type not in _VARIABLE_OP_TYPES:
+  def device_function(self, var) -> str:
+    """The device for the op `var`: the least-used device for a variable op, else the last one chosen."""
+    if var.type not in _VARIABLE_OP_TYPES:
       return self._last_device
-    shape = tf.TensorShape(op.get_attr("shape"))
+    shape = tf.TensorShape(var.get_attr("shape"))
     if shape.num_elements() is None:
-      raise ValueError(f"BalancedVariablePlacer: variable {op.name!r} has a partly unknown shape "
+      raise ValueError(f"BalancedVariablePlacer: variable {var.name!r} has a partly unknown shape "
                        f"{shape}; give it a fully defined shape.")
     mem, device = heapq.heappop(self._mem_device_heap)
-    mem += shape.num_elements() * op.get_attr("dtype").size
+    mem += shape.num_elements() * var.get_attr("dtype").size
     heapq.heappush(self._mem_device_heap, (mem, device))
-    tf.logging.debug("Placing variable %s on %s (now %d bytes).", op.name, device, mem)
+    tf.logging.debug("Placing variable %s on %s (now %d bytes).", var.name, device, mem)
     self._last_device = device
     return device
 

@@ -47,7 +47,7 @@ def test_balanced_placer_weighs_variables_by_bytes():
 def test_balanced_placer_sends_non_variable_ops_to_the_last_chosen_device():
   with tf.Graph().as_default():
     placer = mtf_utils.BalancedVariablePlacer(["cpu:0", "cpu:1"], [8, 0])
-    assert placer.device_function(tf.constant(1.0).op) == "cpu:0"  # before any variable: first
+    assert placer.device_function(var=tf.constant(1.0).op) == "cpu:0"  # before any variable: first
     with tf.device(placer.device_function):
       v = tf.get_variable("v", [2], use_resource=False)
       after = tf.constant(2.0)

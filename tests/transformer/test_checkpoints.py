@@ -186,7 +186,10 @@ def test_latest_checkpoint_skips_a_state_file_entry_whose_index_is_missing(tmp_p
   assert checkpoints.latest_checkpoint(str(tmp_path / "nowhere")) is None
 
 
-def test_checkpoint_paths_must_end_in_a_step():
+def test_checkpoint_paths_must_name_a_step():
   assert checkpoints.get_step_from_checkpoint_path("/a/model.ckpt-120") == 120
+  # as 0.1.21: the step of the last model.ckpt-<step> in the path, whatever follows it
+  assert checkpoints.get_step_from_checkpoint_path(checkpoint_path="/a/model.ckpt-120.index") == 120
+  assert checkpoints.get_step_from_checkpoint_path("/model.ckpt-5/model.ckpt-7.data-00000-of-00001") == 7
   with pytest.raises(ValueError, match="not a checkpoint path"):
     checkpoints.get_step_from_checkpoint_path("/a/model.ckpt")

@@ -193,6 +193,17 @@ def test_encode_inputs_and_delimited_lm_pad_to_batches():
   assert utils.encode_delimited_lm(["a"], ["b"], v, 1, 4, include_final_eos=False).tolist() == [[a, 1, b, 0]]
 
 
+def test_encode_inputs_unscored_prefix_is_negated_in_front_of_each_line():
+  v = ByteVocabulary()
+  a, b, c = (ord(ch) + 3 for ch in "abc")
+  ids = utils.encode_inputs(["c", "b"], v, "lm", 2, 4, unscored_prefix=[" ab ", "a"])
+  assert ids.tolist() == [[-a, -b, c, 0], [-a, b, 0, 0]]
+  ids = utils.encode_inputs(["c"], v, "bitransformer", 1, 3, eos_id=1, unscored_prefix=["ab"])
+  assert ids.tolist() == [[-a, -b, c]]  # cut to sequence_length after the prefix, as 0.1.21
+  with pytest.raises(ValueError, match="unscored_prefix has 1 strings for 2 inputs"):
+    utils.encode_inputs(["a", "b"], v, "lm", 2, 4, unscored_prefix=["a"])
+
+
 def test_input_and_output_files_round_trip(tmp_path):
   path = str(tmp_path / "lines.txt")
   utils.write_lines_to_file(["one", "two\nlines", 3], path)

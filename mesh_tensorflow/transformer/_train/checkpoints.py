@@ -37,11 +37,16 @@ def checkpoint_path(model_dir: str, step: int) -> str:
   return os.path.join(model_dir, "%s-%d" % (CHECKPOINT_PREFIX, step))
 
 
-def get_step_from_checkpoint_path(path: str) -> int:
-  """The step of `.../model.ckpt-<step>`; ValueError for other names."""
-  match = re.search(r"%s-(\d+)$" % re.escape(CHECKPOINT_PREFIX), path)
+def get_step_from_checkpoint_path(checkpoint_path: str) -> int:
+  """The step in a path containing `model.ckpt-<step>` (the last such; `.index` etc. may follow).
+
+  Raises:
+    ValueError: the path names no step.
+  """
+  match = re.match(r".*%s-(\d+)" % re.escape(CHECKPOINT_PREFIX), checkpoint_path)
   if not match:
-    raise ValueError(f"{path!r} is not a checkpoint path of the form .../{CHECKPOINT_PREFIX}-<step>.")
+    raise ValueError(f"{checkpoint_path!r} is not a checkpoint path of the form "
+                     f".../{CHECKPOINT_PREFIX}-<step>.")
   return int(match.group(1))
 
 

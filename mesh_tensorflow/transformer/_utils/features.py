@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import gin
 import numpy as np
@@ -49,13 +49,29 @@ def _pad_rows(rows: list[list[int]], batch_size: int, sequence_length: int) -> n
 
 
 def encode_inputs(inputs: Sequence[str], vocabulary, model_type: str, batch_size: int, sequence_length: int,
-                  eos_id: int = 1) -> np.ndarray:
+                  eos_id: int = 1, unscored_prefix: Optional[Sequence[str]] = None) -> np.ndarray:
   """Encodes input lines into an int32 [n rounded up to batch_size, sequence_length] array.
 
   Lines get EOS except for "lm" models, whose inputs are prefixes to continue.
+
+  Args:
+    inputs: the lines.
+    vocabulary: a Vocabulary, or an (inputs, targets) pair of them.
+    model_type: "lm" lines get no EOS.
+    batch_size: rows are added (copies of the first) up to a multiple of it.
+    sequence_length: rows are cut or zero-padded to it.
+    eos_id: the EOS id appended.
+    unscored_prefix: optional strings, one per line, encoded in front of it as negated ids: the
+      scoring loss ignores targets <= 0, so a language model scores the line given the prefix.
   """
   vocab = vocab_lib.inputs_vocabulary(vocabulary)
-  rows = [vocab.encode(line.strip()) + ([] if model_type == "lm" else [eos_id]) for line in inputs]
+  if unscored_prefix and len(unscored_prefix) < len(inputs):
+    raise ValueError(f"encode_inputs: unscored_prefix has {len(unscored_prefix)} strings for "
+                     f"{len(inputs)} inputs; give one prefix per input line.")
+  rows = []
+  for i, line in enumerate(inputs):
+    prefix = [-token for token in vocab.encode(unscored_prefix[i].strip())] if unscored_prefix else []
+    rows.append(prefix + vocab.encode(line.strip()) + ([] if model_type == "lm" else [eos_id]))
   return _pad_rows(rows, batch_size, sequence_length)
 
 
