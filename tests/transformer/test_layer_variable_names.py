@@ -138,6 +138,15 @@ ORIGINAL_VARIABLES = {
         _attention("layer/", 8, suffix="_fixup")),
     "EncDecAttentionFixup": (lambda: fixup_layers.EncDecAttentionFixup(num_heads=2, key_value_size=4),
                              _attention("layer/", 8)),
+    "Synthesizer": (lambda: tl.Synthesizer(num_heads=2, key_value_size=4),
+                    _attention("layer/", 8) + [("layer/R", [512, 2, 512]), ("layer/alpha", [1])]),
+    "Synthesizer_random": (lambda: tl.Synthesizer(num_heads=2, key_value_size=4, synthesize_mode="random"),
+                           [("layer/kv", [D, 8]), ("layer/o", [8, D]), ("layer/R", [512, 2, 512])]),
+    "ExpertsEncDecAttention_kv": (
+        lambda: tl.ExpertsEncDecAttention(num_heads=2, key_value_size=4, num_experts=2, hidden_size=16,
+                                          group_size=8, expert_computation="kv"),
+        [("layer/q", [D, 8]), ("layer/o", [8, D]), ("layer/switch_gating/kernel", [D, 2]),
+         ("layer/wi/kernel", [2, D, 16]), ("layer/wo/kernel", [2, 16, 8])]),
 }
 
 
@@ -149,7 +158,8 @@ def test_layer_makes_the_original_variables(name):
     mesh = mtf.Mesh(graph, "my_mesh")
     x = mtf.zeros(mesh, f"batch:2;length:4;d_model:{D}")
     encoder_output = mtf.zeros(mesh, f"batch:2;memory_length:4;d_model:{D}")
-    context = make_context(x, model_stub(D), encoder_output=encoder_output)
+    inputs = mtf.ones(mesh, "batch:2;length:4", dtype=tf.int32)  # the convolutions' padding mask
+    context = make_context(x, model_stub(D), encoder_output=encoder_output, inputs=inputs)
     call_layer(make_layer(), context, x)
     actual = [(v.name, v.shape.to_integer_list) for v in graph.all_variables]
   assert sorted(actual) == sorted(expected)
