@@ -9,6 +9,7 @@ from mesh_tensorflow.transformer import (
     dataset as dataset,
     evolved_transformer as evolved_transformer,
     fixup_layers as fixup_layers,
+    heterogeneous_moe as heterogeneous_moe,
     learning_rate_schedules as learning_rate_schedules,
     moe as moe,
     t2t_vocabulary as t2t_vocabulary,
