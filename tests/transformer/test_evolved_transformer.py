@@ -29,6 +29,8 @@ def _build(layer, **context_kwargs):
   def build(x, *extra):
     if extra:
       context_kwargs["encoder_output"] = extra[0]
+    # Input ids, all non-zero: the convolutions zero x where they are 0 (0.1.21's padding mask).
+    context_kwargs.setdefault("inputs", mtf.ones(x.mesh, mtf.Shape(x.shape.dims[:2]), dtype=tf.int32))
     return call_layer(layer, make_context(x, model_stub(D_MODEL), **context_kwargs), x)
   return build
 
@@ -81,7 +83,7 @@ def test_encoder_convolutional_layer_sums_a_dense_and_a_conv_branch_then_a_separ
     hidden = 4 * D_MODEL
     left = tf.nn.relu(tf.einsum("bld,dh->blh", x, variables["layer/conv1x1/dense/kernel"]))
     kernel = variables["layer/conv3x1/conv2d/kernel"][0]  # [3, d_model, d_model / 2]
-    right = tf.nn.relu(tf.nn.conv1d(tf.pad(x, [[0, 0], [2, 0], [0, 0]]), kernel, 1, "VALID"))
+    right = tf.nn.relu(tf.nn.conv1d(x, kernel, 1, "SAME"))  # 0.1.21's Conv1DLayer: centred filter
     h = tf_layer_norm(left + pad_channels(right, hidden), variables, "layer/")
     return pad_channels(tf_separable(h, variables, "layer/sep_conv9x1/", -4, 4), D_MODEL)
   result = check_layer(_build(layer), reference, [(_x(), X_SHAPE)], *MESHES[1])  # eval: no dropout

@@ -508,7 +508,7 @@ def test_greedy_decoding_through_moe_agrees_with_full_forward_passes():
 def test_experts_enc_dec_attention_gets_a_single_moe_query_projection():
   """ExpertsEncDecAttention computes only q with experts (k=v from the encoder: variable `kv`)."""
   layer = transformer_layers.ExpertsEncDecAttention(num_heads=2, key_value_size=2, num_experts=2,
-                                                    hidden_size=8, group_size=4)
+                                                    hidden_size=8, group_size=4, expert_computation="q")
   layer.set_name("layer_000")
   model = transformer.Unitransformer(layer_stack=transformer.LayerStack([layer]), d_model=D_MODEL,
                                      input_vocab_size=8, output_vocab_size=8, autoregressive=True,
