@@ -57,6 +57,9 @@ class HeterogeneousMoE1D(transformer.TransformerLayer):
         moe_top_n_num_experts_per_token=top_n_num_experts_per_token, moe_num_layers=moe_num_layers,
         moe_heterogeneous_mask_info=heterogeneous_mask_info)
     moe._check_hparams(self._hparams)  # pylint: disable=protected-access
+    if use_second_place_expert_prob is not None:
+      raise NotImplementedError("HeterogeneousMoE1D: use_second_place_expert_prob is not implemented by "
+                                "moe.py's top-2 gating yet; leave it None.")
     self._activation = activation
 
   def call(self, context, x, losses=None):

@@ -8,6 +8,7 @@ import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import heterogeneous_moe, transformer
+from tests.harness import lower_and_evaluate
 from tests.layers.layer_check import check_layer
 from tests.transformer.test_moe import D_MODEL, D_MODEL_DIM, HIDDEN, NUM_EXPERTS, VDTYPE, X, X_SHAPE
 from tests.transformer.test_moe import _hparams, _moe_reference
@@ -125,8 +126,28 @@ def test_heterogeneous_moe1d_call_is_the_layer_function_and_adds_its_loss():
 def test_bad_gating_and_bad_mask_info_raise():
   with pytest.raises(ValueError, match="moe_gating"):
     heterogeneous_moe.HeterogeneousMoE1D(moe_gating="top_7")
+  with pytest.raises(NotImplementedError, match="use_second_place_expert_prob"):
+    heterogeneous_moe.HeterogeneousMoE1D(use_second_place_expert_prob=0.5)
   with tf.Graph().as_default(), pytest.raises(ValueError, match="assigns more than the 2 experts"):
     too_many = {"percent_number": 3, "layers": 1, "width": 1}
     _mask([too_many, {"percent_number": 1, "layers": 1, "width": 1}], 2, 1)
   with pytest.raises(ValueError, match="mask_info is empty"):
     _mask([], 2, 1)
+
+
+def test_heterogeneous_moe1d_incremental_positions_equal_the_full_sequence_call():
+  layer = heterogeneous_moe.HeterogeneousMoE1D(
+      num_experts=NUM_EXPERTS, hidden_size=1, group_size=4, capacity_factor_eval=4.0,
+      second_policy_eval="all",
+      min_expert_capacity=4, heterogeneous_mask_info=MASK_INFO)
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(X), X_SHAPE)
+    context = _context(mesh)
+    full = layer.call(context, x)
+    steps = [layer.call(context, mtf.gather(x, i, context.length_dim)) for i in range(X.shape[1])]
+    return [full, mtf.stack(steps, "length", axis=1)]
+
+  full, incremental = lower_and_evaluate(build)
+  assert full.shape == X.shape and np.abs(full).sum() > 0
+  np.testing.assert_allclose(incremental, full, rtol=1e-5, atol=1e-6)
