@@ -94,6 +94,7 @@ class Context:
     self.num_microbatches = num_microbatches
     self.layer_index = 0
     self.cache = {}
+    self.input_embeddings = None  # the embedded input tokens, set by the Unitransformer
 
   @property
   def train(self) -> bool:

@@ -178,6 +178,7 @@ class Unitransformer:
       inputs *= mtf.cast(keep, inputs.dtype)
     vocab_embedding = self._embedding(context, mesh)
     x = vocab_embedding.ids_to_embedding(inputs, context)
+    context.input_embeddings = x  # MoE's word_embed_mode routes on the token embeddings.
     if self.positional_embedding:
       x += mtf.cast(self._positional_embedding(context, mesh, x), x.dtype)
     x = self.layer_stack.call(context, x)

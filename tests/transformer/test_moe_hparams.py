@@ -177,3 +177,23 @@ def test_moe_word_embed_mode_is_checked_and_needs_the_embeddings():
     lower_and_evaluate(lambda mesh: list(moe.transformer_moe_layer_v1(
         mtf.zeros(mesh, X_SHAPE), mtf.Dimension("d_model", D_MODEL), hparams, train=False,
         variable_dtype=mtf.VariableDType(tf.float32))))
+
+
+def test_a_unitransformer_hands_its_token_embeddings_to_a_word_embed_moe_layer():
+  """0.1.21's Unitransformer sets context.input_embeddings, so MoE1D(word_embed_mode=...) builds in one."""
+  from mesh_tensorflow.transformer import transformer
+  layer = moe.MoE1D(num_experts=2, hidden_size=4, moe_gating="switch", word_embed_mode="add")
+  layer.set_name("layer_000")
+  model = transformer.Unitransformer(layer_stack=transformer.LayerStack([layer]), d_model=D_MODEL,
+                                     input_vocab_size=8, output_vocab_size=8, autoregressive=True,
+                                     max_length=LENGTH, vocab_divisor=8)
+  ids = np.arange(BATCH * LENGTH).reshape(BATCH, LENGTH).astype(np.int32) % 7 + 1
+
+  def build(mesh):
+    inputs = mtf.import_tf_tensor(mesh, tf.constant(ids), f"batch:{BATCH};length:{LENGTH}")
+    logits, loss = model.call_simple(inputs, inputs, True, mode="eval",
+                                     variable_dtype=mtf.VariableDType(tf.float32))
+    return [logits, loss]
+
+  logits, loss = lower_and_evaluate(build)
+  assert logits.shape == (BATCH, LENGTH, 8) and np.isfinite(logits).all() and np.isfinite(loss)
