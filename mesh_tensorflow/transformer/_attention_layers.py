@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import gin
 import tensorflow.compat.v1 as tf
@@ -195,10 +195,10 @@ class SelfAttention(transformer.TransformerLayer):
     """Memory positions more than this far to the right are masked (None: no limit)."""
     return None
 
-  def attention_fn(self, *args, **kwargs) -> mtf.Tensor:
-    if self.attention_func == "hybrid":
-      return attention.hybrid_attention(*args, **kwargs)
-    return attention.attention(*args, **kwargs)
+  @property
+  def attention_fn(self) -> Callable[..., mtf.Tensor]:
+    """The attention function this layer calls (a property, as in 0.1.21)."""
+    return attention.hybrid_attention if self.attention_func == "hybrid" else attention.attention
 
   def attention_kwargs_from_context(self, context) -> dict:
     kwargs = copy.copy(self.attention_kwargs)

@@ -97,9 +97,14 @@ class Conv1DLayer(Conv1D):
   """
 
   def __init__(self, filter_size: int, output_size: int, activation: str = "linear"):
-    self.filter_size = filter_size
+    self._filter_size = filter_size
     self.output_size = output_size
     self.activation = activation
+
+  @property
+  def filter_size(self) -> int:
+    """The convolution's width (read-only, as 0.1.21's property)."""
+    return self._filter_size
 
   def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
     output_dim = _output_dim(x, self.output_size)
@@ -138,6 +143,11 @@ class SeparableConv1DLayer(Conv1D):
     self.depthwise_filter_initializer_scale = depthwise_filter_initializer_scale
     self.pointwise_filter_initializer_scale = pointwise_filter_initializer_scale
     self.activation = activation
+
+  @property
+  def filter_size(self) -> int:
+    """The number of relative positions the filter spans (0.1.21's property)."""
+    return self.max_relative_pos - self.min_relative_pos + 1
 
   @property
   def window_size(self) -> int:

@@ -363,3 +363,12 @@ def test_incremental_mode_rejects_a_state_window_of_the_wrong_size():
     return [layer.call(context, mtf.zeros(mesh, "batch:2;d_model:4"))]
   with pytest.raises(ValueError, match="window dim .*length.* of size 2, but the filter needs 3"):
     lower_and_evaluate(build)
+
+
+def test_filter_size_is_the_width_of_the_filter_as_upstream():
+  """0.1.21's read-only filter_size: the width for Conv1DLayer, max - min + 1 for the separable family."""
+  assert transformer_layers.Conv1DLayer(filter_size=3, output_size=8).filter_size == 3
+  assert transformer_layers.SeparableConv1DLayer(-4, 2, output_size=8).filter_size == 7
+  assert transformer_layers.LightweightConv1DLocalAttn(-2, 0, output_size=8).filter_size == 3
+  with pytest.raises(AttributeError):
+    transformer_layers.Conv1DLayer(filter_size=3, output_size=8).filter_size = 5

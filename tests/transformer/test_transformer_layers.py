@@ -384,3 +384,11 @@ def test_enc_dec_attention_relative_bias_is_indexed_by_span_position():
             (decoder_inputs, "batch:2;length:6"), (encoder_inputs, "batch:2;memory_length:5")]
   with gin_config("transformer_layers.relative_position_spans.num_sentinels = 2"):  # as a gin file would
     check_layer(build, reference, inputs, "batch:2", "batch:batch")
+
+
+def test_attention_fn_is_a_property_naming_the_attention_function_as_upstream():
+  """0.1.21's attention_fn is a property: hybrid_attention for attention_func='hybrid', else attention."""
+  from mesh_tensorflow.transformer import attention
+  assert transformer_layers.SelfAttention().attention_fn is attention.attention
+  assert transformer_layers.SelfAttention(attention_func="hybrid").attention_fn is attention.hybrid_attention
+  assert transformer_layers.EncDecAttention().attention_fn is attention.attention
