@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 import gin
 import tensorflow.compat.v1 as tf
 
-from mesh_tensorflow.transformer._train import checkpoints, guards, inputs, model_fn, progress
+from mesh_tensorflow.transformer._train import checkpoints, guards, model_fn, progress
 from mesh_tensorflow.transformer._utils import checkpoint_selection
 
 # The default graph-level seed (utils.run.random_seed): initial weights, dropout masks and
@@ -93,20 +93,6 @@ def _model_variables() -> list:
 def _learning_rate(schedule, global_step):
   """The schedule's value at the global step (run() has bound its total_train_steps)."""
   return schedule(step=global_step) if callable(schedule) else schedule
-
-
-def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: TrainConfig, variable_dtype,
-          print_fn: Callable = print) -> dict:
-  """Trains until global step config.train_steps; returns {"step", "loss", "first_step_seconds"}.
-
-  dataset_fn() builds the (unbatched, finite or not) training dataset inside the training graph;
-  a resumed run skips the batches the checkpointed steps consumed.
-  """
-  def build(start_step: int) -> model_fn.LoweredModel:
-    features = inputs.training_features(dataset_fn(), config.batch_size,
-                                        start_step - config.seen_data_init_step)
-    return build_training_graph(model, features, config, variable_dtype)
-  return train_with(build, config, print_fn)
 
 
 def build_training_graph(model, features: dict, config: TrainConfig, variable_dtype,

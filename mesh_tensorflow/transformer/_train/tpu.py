@@ -324,9 +324,10 @@ def _run_loop(session, graph: TrainingGraph, num_steps: int) -> list:
 
 def train(model, dataset_fn: Callable[[], tf.data.Dataset], config: loop.TrainConfig, variable_dtype,
           print_fn: Callable = print, *, cluster: TpuCluster, hierarchical_tiling_spec=None) -> dict:
-  """Trains on the TPU until global step config.train_steps; returns what `loop.train` returns.
+  """Trains on the TPU until global step config.train_steps; returns {"step", "loss", "first_step_seconds"}.
 
-  Same arguments as `loop.train`, plus the connected TPU and an optional HierarchicalTiling spec.
+  dataset_fn() builds the (unbatched) training dataset; a resumed run skips the batches the
+  checkpointed steps consumed. cluster: the connected TPU; hierarchical_tiling_spec: optional.
   """
   started = time.time()
   with loop.guarded_model_dir(config.model_dir, print_fn) as (latest, stop):
