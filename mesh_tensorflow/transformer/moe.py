@@ -20,7 +20,7 @@ from mesh_tensorflow.transformer import transformer
 
 GIN_MODULE = "mesh_tensorflow.transformer.moe"
 
-_GATINGS = ("top_2", "switch", "ntlb")
+_GATINGS = ("top_2", "top_n", "switch", "ntlb", "switch_max", "expert_selection")
 _SECOND_POLICIES = ("all", "none", "threshold", "random")
 _SWITCH_POLICIES = ("argmax", "sample", "input_dropout", "input_jitter")
 _WORD_EMBED_MODES = ("concat", "concat_stop_grad", "add", "add_stop_grad", "embed_only")
@@ -97,7 +97,12 @@ class MoE1D(transformer.TransformerLayer):
   Variables: `gating/kernel` [d_model, expert_unsplit] (or `switch_gating` / `ntlb_gating`),
   `wi/kernel` [experts, d_model, expert_hidden] and `wo/kernel` [experts, expert_hidden, output]
   (with use_experts_attention: `q_wo` and `k_wo` instead of `wo`, and call returns [q, k]).
-  moe_gating is "top_2", "switch" (top-1) or "ntlb" (top-1, overflow goes to the next choices).
+  moe_gating is "top_2", "top_n" (top_n_num_experts_per_token choices), "switch" (top-1),
+  "ntlb" (top-1, overflow goes to the next choices), "switch_max" (top-1, each expert keeps its
+  highest-gate tokens) or "expert_selection" (each expert picks its tokens).
+  use_second_place_expert_prob (switch, ntlb, switch_max; training only): the probability that
+  a token is routed past its top expert, to its second (or, with use_second_place_expert_prob_temp,
+  to one sampled at that temperature from the others).
   Example (gin): `decoder/make_layer_stack.layers = [@SelfAttention, @EncDecAttention, @moe.MoE1D]`.
   """
 
@@ -107,7 +112,9 @@ class MoE1D(transformer.TransformerLayer):
                second_threshold_eval=0.2, dropout_rate=0.0, activation="relu", moe_gating="top_2",
                min_expert_capacity=4, switch_policy_train="input_jitter", switch_policy_eval="input_jitter",
                switch_dropout=0.1, switch_temperature=1.0, switch_jitter=1e-2, ntlb_top_k=4,
-               output_dim=None, use_experts_attention=False, z_loss=None, word_embed_mode=None):
+               output_dim=None, use_experts_attention=False, z_loss=None, word_embed_mode=None,
+               use_second_place_expert_prob=None, use_second_place_expert_prob_temp=None,
+               top_n_num_experts_per_token=3):
     self._hparams = HParams(
         moe_gating=moe_gating, moe_num_experts=num_experts, moe_loss_coef=loss_coef,
         moe_hidden_size=hidden_size, moe_group_size=group_size, moe_min_expert_capacity=min_expert_capacity,
@@ -119,7 +126,9 @@ class MoE1D(transformer.TransformerLayer):
         moe_switch_dropout=switch_dropout, moe_switch_temperature=switch_temperature,
         moe_switch_jitter=switch_jitter, moe_ntlb_top_k=ntlb_top_k, moe_output_dim=output_dim,
         moe_use_experts_attention=use_experts_attention, moe_z_loss=z_loss,
-        moe_word_embed_mode=word_embed_mode)
+        moe_word_embed_mode=word_embed_mode, moe_use_second_place_expert_prob=use_second_place_expert_prob,
+        moe_use_second_place_expert_prob_temp=use_second_place_expert_prob_temp,
+        moe_top_n_num_experts_per_token=top_n_num_experts_per_token)
     _check_hparams(self._hparams)
     self._activation = activation
 
@@ -264,14 +273,19 @@ def transformer_moe_layer_v1(inputs, output_dim, hparams, train, variable_dtype,
   nonpadding = _broadcast_nonpadding(nonpadding, inputs, batch_and_length_dims)
   if nonpadding is not None:
     nonpadding = mtf.reshape(nonpadding, moe_input_dims[:-1])
-  gating_fn = {"top_2": _top_2_gating, "switch": _switch_gating, "ntlb": _ntlb_gating}.get(hparams.moe_gating)
+  gating_fn = {"top_2": _top_2_gating, "top_n": _top_n_gating, "switch": _switch_gating, "ntlb": _ntlb_gating,
+               "switch_max": _switch_max_gating,
+               "expert_selection": _expert_selection_gating}.get(hparams.moe_gating)
   if gating_fn is None:
     raise ValueError(f"transformer_moe_layer_v1: unknown hparams.moe_gating={hparams.moe_gating!r}; "
                      f"use one of {_GATINGS}.")
+  # Expert selection normalises over the group, so (as in 0.1.21) it is handed the group dim.
+  group_kwargs = {"group_size_dim": group_size_dim} if hparams.moe_gating == "expert_selection" else {}
   dispatch_tensor, combine_tensor, loss = gating_fn(
       inputs=inputs, outer_expert_dims=None, experts_dim=experts_dim_unsplit,
       expert_capacity_dim=expert_capacity_dim, hparams=hparams, train=train, variable_dtype=variable_dtype,
-      importance=nonpadding, num_microbatches=num_microbatches, token_embeddings=token_embeddings)
+      importance=nonpadding, num_microbatches=num_microbatches, token_embeddings=token_embeddings,
+      **group_kwargs)
 
   # [O, E, G, C, M], then regroup so that experts (not groups) are the split dim: an all-to-all.
   expert_inputs = mtf.einsum([inputs, dispatch_tensor], mtf.Shape(
@@ -492,6 +506,25 @@ def _take_slots(mask, group_size_dim, experts_dim, capacity: float, taken=None):
   return mask, placed, mtf.reduce_sum(position, reduced_dim=experts_dim)
 
 
+def _apply_second_policy(mask, gate, hparams, train):
+  """mask of a lower-ranked choice, kept per hparams.moe_second_policy_{train,eval}.
+
+  "all" keeps it, "none" drops it, "threshold" keeps it where gate > threshold, "random"
+  with probability min(1, gate / threshold).
+  """
+  policy = hparams.moe_second_policy_train if train else hparams.moe_second_policy_eval
+  threshold = hparams.moe_second_threshold_train if train else hparams.moe_second_threshold_eval
+  _check_choice("second-place policy", policy, _SECOND_POLICIES)
+  if policy == "none":
+    return mtf.zeros_like(mask)
+  if policy == "threshold":
+    return mask * mtf.to_float(mtf.greater(gate, threshold))
+  if policy == "random":
+    keep = mtf.less(mtf.random_uniform(gate.mesh, gate.shape), gate / max(threshold, 1e-9))
+    return mask * mtf.to_float(keep)
+  return mask
+
+
 def _top_2_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train, variable_dtype,
                   importance=None, name="top_2_gating", num_microbatches=None, token_embeddings=None):
   """Top-2 gating: every token goes to its best expert and maybe its second best.
@@ -529,16 +562,7 @@ def _top_2_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, h
     loss += 0.5 * _load_balance_loss(mask_2, normalized, group_size_dim, experts_dim)
   loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches)
 
-  policy = hparams.moe_second_policy_train if train else hparams.moe_second_policy_eval
-  threshold = hparams.moe_second_threshold_train if train else hparams.moe_second_threshold_eval
-  _check_choice("second-place policy", policy, _SECOND_POLICIES)
-  if policy == "none":
-    mask_2 = mtf.zeros_like(mask_2)
-  elif policy == "threshold":
-    mask_2 *= mtf.to_float(mtf.greater(gate_2, threshold))
-  elif policy == "random":
-    mask_2 *= mtf.to_float(mtf.less(mtf.random_uniform(gate_2.mesh, gate_2.shape),
-                                    gate_2 / max(threshold, 1e-9)))
+  mask_2 = _apply_second_policy(mask_2, gate_2, hparams, train)
 
   # Slots: first choices in token order, then second choices after them.
   mask_1, mask_1_flat, position_in_expert_1 = _take_slots(mask_1, group_size_dim, experts_dim,
@@ -615,8 +639,8 @@ def _switch_choices_gating(inputs, outer_expert_dims, experts_dim, expert_capaci
   """
   group_size_dim = inputs.shape.dims[-2]
   inputs, policy = _switch_inputs_and_policy(inputs, hparams, train)
-  gate_logits = _gate_logits(_with_token_embeddings(inputs, token_embeddings, hparams), experts_dim,
-                             outer_expert_dims, variable_dtype, name)
+  gate_logits = _switch_gate_logits(inputs, outer_expert_dims, experts_dim, hparams, train, variable_dtype,
+                                    name, token_embeddings)
   raw_gates = mtf.to_float(mtf.softmax(gate_logits, experts_dim))
   first_gate, first_index = _switch_choice(gate_logits, raw_gates, experts_dim, policy, hparams)
   first_gate, first_mask, density_proxy = _first_choice(first_gate, first_index, raw_gates, experts_dim,
@@ -646,3 +670,177 @@ def _switch_choices_gating(inputs, outer_expert_dims, experts_dim, expert_capaci
       gate, index = mtf.top_1(remaining, experts_dim)
   return _finish_routing(combine_tensor, loss, inputs)
 
+
+
+def _switch_gate_logits(inputs, outer_expert_dims, experts_dim, hparams, train, variable_dtype, name,
+                        token_embeddings):
+  """Router logits of the top-1 gatings; in training maybe steered past the top expert."""
+  gate_logits = _gate_logits(_with_token_embeddings(inputs, token_embeddings, hparams), experts_dim,
+                             outer_expert_dims, variable_dtype, name)
+  if train and getattr(hparams, "moe_use_second_place_expert_prob", None) is not None:
+    gate_logits = _stochastically_use_non_top_expert(gate_logits, experts_dim, hparams)
+  return gate_logits
+
+
+def _stochastically_use_non_top_expert(gate_logits, experts_dim, hparams):
+  """With probability moe_use_second_place_expert_prob per token, masks out its top logit (-1e9).
+
+  With moe_use_second_place_expert_prob_temp set, only one other expert, sampled from the
+  remaining logits at that temperature, keeps its logit; otherwise the second best wins argmax.
+  """
+  _, top_index = mtf.top_1(gate_logits, experts_dim)
+  top_mask = mtf.one_hot(top_index, experts_dim, dtype=gate_logits.dtype)
+  token_shape = mtf.Shape([d for d in gate_logits.shape.dims if d != experts_dim])
+  use_other = mtf.cast(mtf.less(mtf.random_uniform(gate_logits.mesh, token_shape),
+                                hparams.moe_use_second_place_expert_prob), gate_logits.dtype)
+  other_logits = gate_logits - 1e9 * top_mask
+  temperature = getattr(hparams, "moe_use_second_place_expert_prob_temp", None)
+  if temperature is not None:
+    sampled = mtf.sample_with_temperature(other_logits, experts_dim, temperature=temperature)
+    other_logits += (1.0 - mtf.one_hot(sampled, experts_dim, dtype=gate_logits.dtype)) * -1e9
+  return use_other * other_logits + (1.0 - use_other) * gate_logits
+
+
+def _check_capacity_fits_group(gating: str, group_size_dim, expert_capacity_dim) -> None:
+  if expert_capacity_dim.size > group_size_dim.size:
+    raise ValueError(f"MoE {gating} gating: expert capacity {expert_capacity_dim.size} exceeds the group "
+                     f"size {group_size_dim.size} (each expert picks capacity tokens of a group); lower "
+                     f"min_expert_capacity or raise group_size.")
+
+
+def _switch_max_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train,
+                       variable_dtype, importance=None, name="switch_max_gating", num_microbatches=None,
+                       token_embeddings=None):
+  """Top-1 gating where a full expert keeps the tokens with its highest gates (not the first ones).
+
+  Each token picks one expert as in Switch gating; each expert then takes the expert_capacity
+  tokens of the group with the largest gate among those that picked it. Returns dispatch and
+  combine [<batch>, experts, expert_capacity, group] and the Switch load-balancing loss (its
+  density counts padding, its proxy does not, as in 0.1.21).
+  """
+  group_size_dim = inputs.shape.dims[-2]
+  _check_capacity_fits_group("switch_max", group_size_dim, expert_capacity_dim)
+  inputs, policy = _switch_inputs_and_policy(inputs, hparams, train)
+  gate_logits = _switch_gate_logits(inputs, outer_expert_dims, experts_dim, hparams, train, variable_dtype,
+                                    name, token_embeddings)
+  raw_gates = mtf.to_float(mtf.softmax(gate_logits, experts_dim))
+  gate, index = _switch_choice(gate_logits, raw_gates, experts_dim, policy, hparams)
+  mask = mtf.one_hot(index, experts_dim, dtype=tf.float32)
+  density_proxy = raw_gates
+  if importance is not None:
+    routed = mtf.to_float(mtf.equal(importance, 1.0))
+    density_proxy *= routed
+    gate *= routed
+  loss = _load_balance_loss(mask, density_proxy, group_size_dim, experts_dim)
+  if importance is not None:
+    mask *= routed
+  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches)
+  kept_gates, token_index = mtf.top_k(mask * gate, reduced_dim=group_size_dim, k_dim=expert_capacity_dim)
+  combine_tensor = mtf.one_hot(token_index, group_size_dim, dtype=tf.float32) * kept_gates
+  return _finish_routing(combine_tensor, loss, inputs)
+
+
+def _expert_selection_gating(inputs, outer_expert_dims, experts_dim, group_size_dim, expert_capacity_dim,
+                             hparams, train, variable_dtype, importance=None, name="expert_selection_gating",
+                             num_microbatches=None, normalize_by_num_experts_routed=True,
+                             token_embeddings=None):
+  """Expert-choice gating: each expert takes the expert_capacity tokens it scores highest.
+
+  The router's softmax runs over the group (padding masked out), per expert; expert e takes
+  its top expert_capacity tokens weighted by those probabilities, and (with
+  normalize_by_num_experts_routed) a token's weights are divided by how many experts took it.
+  The loss is group_size * mean over tokens of (mean over experts of the probability)^2 *
+  (non-padding tokens of the group). Returns dispatch and combine
+  [<batch>, experts, expert_capacity, group] and the loss.
+  """
+  _check_capacity_fits_group("expert_selection", group_size_dim, expert_capacity_dim)
+  inputs, _ = _switch_inputs_and_policy(inputs, hparams, train)
+  gate_logits = _gate_logits(_with_token_embeddings(inputs, token_embeddings, hparams), experts_dim,
+                             outer_expert_dims, variable_dtype, name)
+  gate_logits = mtf.to_float(gate_logits)
+  if importance is not None:
+    gate_logits += mtf.to_float(mtf.equal(importance, 0.0)) * -1e9
+  raw_gates = mtf.softmax(gate_logits, group_size_dim)
+  token_probs, token_index = mtf.top_k(raw_gates, reduced_dim=group_size_dim, k_dim=expert_capacity_dim)
+  dispatch_tensor = mtf.one_hot(token_index, group_size_dim, dtype=tf.float32)
+  combine_tensor = dispatch_tensor * token_probs
+  if normalize_by_num_experts_routed:
+    experts_per_token = mtf.reduce_sum(dispatch_tensor,
+                                       output_shape=dispatch_tensor.shape.dims[:-3] + [group_size_dim])
+    combine_tensor /= mtf.maximum(experts_per_token, 1.0)
+
+  mean_prob = mtf.reduce_mean(raw_gates, reduced_dim=experts_dim)
+  if importance is None:
+    true_group_size = float(group_size_dim.size)
+  else:
+    mean_prob *= mtf.to_float(mtf.equal(importance, 1.0))
+    true_group_size = mtf.reduce_sum(mtf.to_float(importance), reduced_dim=group_size_dim)
+  loss = mtf.reduce_mean(mean_prob * mean_prob * true_group_size) * float(group_size_dim.size)
+  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches)
+  combine_tensor = mtf.cast(combine_tensor, inputs.dtype)
+  dispatch_tensor = mtf.cast(mtf.cast(dispatch_tensor, tf.bool), combine_tensor.dtype)
+  return dispatch_tensor, combine_tensor, mtf.cast(loss, inputs.dtype)
+
+
+def _top_n_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, hparams, train, variable_dtype,
+                  importance=None, name="top_n_gating", num_microbatches=None, token_embeddings=None):
+  """Top-2 gating generalised to hparams.moe_top_n_num_experts_per_token choices per token.
+
+  The n gates are renormalised to sum to 1; choices after the first are kept per the
+  second-place policy; the n-th choices take expert slots after all (n-1)-th ones. Tokens with
+  importance 0 are not routed. The load-balancing loss is on first choices; with
+  moe_use_second_place_loss 0.1.21 adds half the balance loss of the THIRD choices against the
+  gates left after the top two (kept as it is), so that needs at least 3 experts per token.
+  Returns dispatch, combine [<batch>, group, experts, expert_capacity] and the loss.
+  """
+  num_choices = hparams.moe_top_n_num_experts_per_token
+  if hparams.moe_use_second_place_loss and num_choices < 3:
+    raise ValueError(f"MoE top_n gating: moe_use_second_place_loss uses the third choices, but "
+                     f"top_n_num_experts_per_token={num_choices}; set it to 3 or more or drop the loss.")
+  group_size_dim = inputs.shape.dims[-2]
+  gate_logits = _gate_logits(_with_token_embeddings(inputs, token_embeddings, hparams), experts_dim,
+                             outer_expert_dims, variable_dtype, name)
+  raw_gates = mtf.to_float(mtf.softmax(gate_logits, experts_dim))
+  density_proxy = raw_gates
+  routed = None
+  if importance is not None:
+    density_proxy *= mtf.to_float(mtf.equal(importance, 1.0))
+    routed = mtf.to_float(mtf.greater(importance, 0.0))
+  gates, masks, indices = [], [], []
+  remaining = raw_gates
+  without_top_two = None
+  for n in range(num_choices):
+    gate, index = mtf.top_1(remaining, experts_dim)
+    mask = mtf.one_hot(index, experts_dim, dtype=tf.float32)
+    if routed is not None:
+      mask *= routed
+      gate *= routed
+    remaining *= 1.0 - mask
+    if n == 1:
+      without_top_two = remaining
+    gates.append(gate)
+    masks.append(mask)
+    indices.append(index)
+  if num_choices > 1:
+    denom = mtf.add_n(gates) + 1e-9
+    gates = [gate / denom for gate in gates]
+
+  loss = _load_balance_loss(masks[0], density_proxy, group_size_dim, experts_dim)
+  if hparams.moe_use_second_place_loss:
+    normalized = without_top_two / (mtf.reduce_sum(without_top_two, reduced_dim=experts_dim) + 1e-9)
+    loss += 0.5 * _load_balance_loss(masks[2], normalized, group_size_dim, experts_dim)
+  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches)
+  masks = masks[:1] + [_apply_second_policy(mask, gate, hparams, train)
+                       for gate, mask in zip(gates[1:], masks[1:])]
+
+  capacity = float(expert_capacity_dim.size)
+  occupancy = None
+  combine_tensor = None
+  for gate, mask, index in zip(gates, masks, indices):
+    mask, placed, position = _take_slots(mask, group_size_dim, experts_dim, capacity, taken=occupancy)
+    taken = mtf.reduce_sum(mask, reduced_dim=group_size_dim)
+    occupancy = taken if occupancy is None else occupancy + taken
+    term = (gate * placed * mtf.one_hot(index, experts_dim, dtype=tf.float32)
+            * _slot_one_hot(position, expert_capacity_dim))
+    combine_tensor = term if combine_tensor is None else combine_tensor + term
+  return _finish_routing(combine_tensor, loss, inputs)
