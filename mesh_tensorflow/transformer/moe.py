@@ -1,8 +1,9 @@
 """Mixture-of-experts feed-forward layers (arXiv:1701.06538, Switch Transformer arXiv:2101.03961).
 
-Tokens are cut into groups; within a group a learned gate sends each token to its top-1 or
-top-2 experts, each expert taking at most `expert_capacity` tokens of the group (the rest are
-dropped: their output is zero and the residual carries them). Routing is expressed as two
+Tokens are cut into groups; within a group a learned gate sends each token to its top-1,
+top-2 or top-n experts (or each expert picks its tokens: "expert_selection"), each expert taking
+at most `expert_capacity` tokens of the group (the rest are dropped: their output is zero and
+the residual carries them). Routing is expressed as two
 mostly-zero tensors over [group, experts, expert_capacity]: `dispatch` gathers expert inputs and
 `combine` weights the expert outputs back. The `experts` dimension of the expert weights can be
 split over a mesh dimension (layout `experts:batch`); reshapes between "groups split" and
@@ -456,9 +457,9 @@ def _router_z_loss(logits, experts_dim, importance):
   return mtf.reduce_sum(z_loss * routed) / mtf.maximum(mtf.reduce_sum(routed), 1.0)
 
 
-def _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches):
-  """Adds the optional router z-loss and spreads the loss over microbatches."""
-  if getattr(hparams, "moe_z_loss", None):
+def _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches, train):
+  """Adds the router z-loss (in training only, as 0.1.21) and spreads the loss over microbatches."""
+  if train and getattr(hparams, "moe_z_loss", None) is not None:
     loss += hparams.moe_z_loss * _router_z_loss(gate_logits, experts_dim, importance)
   if num_microbatches and num_microbatches > 1:
     loss /= num_microbatches
@@ -560,7 +561,7 @@ def _top_2_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, h
   if hparams.moe_use_second_place_loss:
     normalized = gates_without_top_1 / (mtf.reduce_sum(gates_without_top_1, reduced_dim=experts_dim) + 1e-9)
     loss += 0.5 * _load_balance_loss(mask_2, normalized, group_size_dim, experts_dim)
-  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches)
+  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches, train)
 
   mask_2 = _apply_second_policy(mask_2, gate_2, hparams, train)
 
@@ -646,7 +647,7 @@ def _switch_choices_gating(inputs, outer_expert_dims, experts_dim, expert_capaci
   first_gate, first_mask, density_proxy = _first_choice(first_gate, first_index, raw_gates, experts_dim,
                                                         importance)
   loss = _load_balance_loss(first_mask, density_proxy, group_size_dim, experts_dim)
-  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches)
+  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches, train)
 
   capacity = float(expert_capacity_dim.size)
   num_choices = min(num_choices, experts_dim.size)
@@ -734,7 +735,7 @@ def _switch_max_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_d
   loss = _load_balance_loss(mask, density_proxy, group_size_dim, experts_dim)
   if importance is not None:
     mask *= routed
-  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches)
+  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches, train)
   kept_gates, token_index = mtf.top_k(mask * gate, reduced_dim=group_size_dim, k_dim=expert_capacity_dim)
   combine_tensor = mtf.one_hot(token_index, group_size_dim, dtype=tf.float32) * kept_gates
   return _finish_routing(combine_tensor, loss, inputs)
@@ -776,7 +777,7 @@ def _expert_selection_gating(inputs, outer_expert_dims, experts_dim, group_size_
     mean_prob *= mtf.to_float(mtf.equal(importance, 1.0))
     true_group_size = mtf.reduce_sum(mtf.to_float(importance), reduced_dim=group_size_dim)
   loss = mtf.reduce_mean(mean_prob * mean_prob * true_group_size) * float(group_size_dim.size)
-  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches)
+  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches, train)
   combine_tensor = mtf.cast(combine_tensor, inputs.dtype)
   dispatch_tensor = mtf.cast(mtf.cast(dispatch_tensor, tf.bool), combine_tensor.dtype)
   return dispatch_tensor, combine_tensor, mtf.cast(loss, inputs.dtype)
@@ -829,7 +830,7 @@ def _top_n_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim, h
   if hparams.moe_use_second_place_loss:
     normalized = without_top_two / (mtf.reduce_sum(without_top_two, reduced_dim=experts_dim) + 1e-9)
     loss += 0.5 * _load_balance_loss(masks[2], normalized, group_size_dim, experts_dim)
-  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches)
+  loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches, train)
   masks = masks[:1] + [_apply_second_policy(mask, gate, hparams, train)
                        for gate, mask in zip(gates[1:], masks[1:])]
 

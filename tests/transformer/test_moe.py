@@ -185,13 +185,14 @@ def test_second_place_loss_adds_half_the_balance_loss_of_second_choices():
                              rtol=1e-5)
 
 
-def test_router_z_loss_is_added_to_the_gating_loss():
+def test_router_z_loss_is_added_to_the_gating_loss_in_training_only():
   x = RNG.randn(2, 8, D_MODEL).astype(np.float32)
-  _, _, loss, logits = _gating_run("switch", _hparams("switch", moe_z_loss=0.5), False, x)
-  gates = _softmax(logits)
-  balance = _balance_loss(np.eye(NUM_EXPERTS)[gates.argmax(-1)], gates)
-  z_loss = (np.log(np.exp(logits).sum(-1)) ** 2).mean()
-  np.testing.assert_allclose(loss, balance + 0.5 * z_loss, rtol=1e-5)
+  for train in (True, False):
+    _, _, loss, logits = _gating_run("switch", _hparams("switch", moe_z_loss=0.5), train, x)
+    gates = _softmax(logits)
+    balance = _balance_loss(np.eye(NUM_EXPERTS)[gates.argmax(-1)], gates)
+    z_loss = (np.log(np.exp(logits).sum(-1)) ** 2).mean()
+    np.testing.assert_allclose(loss, balance + 0.5 * z_loss if train else balance, rtol=1e-5)
 
 
 @pytest.mark.parametrize("policy", ["argmax", "sample", "input_jitter", "input_dropout"])
