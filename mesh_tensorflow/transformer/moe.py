@@ -447,6 +447,20 @@ def _load_balance_loss(mask, gates, group_size_dim, experts_dim):
   return mtf.reduce_mean(density_proxy * density) * float(experts_dim.size * experts_dim.size)
 
 
+def _switch_balance_loss(mask, raw_gates, group_size_dim, experts_dim, importance):
+  """The Switch gatings' load-balancing loss, as 0.1.21 computes it.
+
+  Density and gate proxy are averaged over all tokens of the group (padding included); with
+  importance, 0.1.21 then multiplies the [<batch>, experts] product by the [<batch>, group]
+  routed-token mask, so each group's term is scaled by its fraction of routed tokens.
+  """
+  density = mtf.reduce_mean(mask, reduced_dim=group_size_dim)
+  density_proxy = mtf.reduce_mean(raw_gates, reduced_dim=group_size_dim)
+  if importance is not None:
+    density_proxy *= mtf.to_float(mtf.equal(importance, 1.0))
+  return mtf.reduce_mean(density_proxy * density) * float(experts_dim.size * experts_dim.size)
+
+
 def _router_z_loss(logits, experts_dim, importance):
   """Mean over routed tokens of logsumexp(gate logits)^2 (keeps the router logits small)."""
   log_z = mtf.reduce_logsumexp(mtf.to_float(logits), experts_dim)
@@ -644,9 +658,8 @@ def _switch_choices_gating(inputs, outer_expert_dims, experts_dim, expert_capaci
                                     name, token_embeddings)
   raw_gates = mtf.to_float(mtf.softmax(gate_logits, experts_dim))
   first_gate, first_index = _switch_choice(gate_logits, raw_gates, experts_dim, policy, hparams)
-  first_gate, first_mask, density_proxy = _first_choice(first_gate, first_index, raw_gates, experts_dim,
-                                                        importance)
-  loss = _load_balance_loss(first_mask, density_proxy, group_size_dim, experts_dim)
+  loss = _switch_balance_loss(mtf.one_hot(first_index, experts_dim, dtype=tf.float32), raw_gates,
+                              group_size_dim, experts_dim, importance)
   loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches, train)
 
   capacity = float(expert_capacity_dim.size)
@@ -727,14 +740,9 @@ def _switch_max_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_d
   raw_gates = mtf.to_float(mtf.softmax(gate_logits, experts_dim))
   gate, index = _switch_choice(gate_logits, raw_gates, experts_dim, policy, hparams)
   mask = mtf.one_hot(index, experts_dim, dtype=tf.float32)
-  density_proxy = raw_gates
+  loss = _switch_balance_loss(mask, raw_gates, group_size_dim, experts_dim, importance)
   if importance is not None:
-    routed = mtf.to_float(mtf.equal(importance, 1.0))
-    density_proxy *= routed
-    gate *= routed
-  loss = _load_balance_loss(mask, density_proxy, group_size_dim, experts_dim)
-  if importance is not None:
-    mask *= routed
+    mask *= mtf.to_float(mtf.equal(importance, 1.0))
   loss = _finish_loss(loss, gate_logits, experts_dim, hparams, importance, num_microbatches, train)
   kept_gates, token_index = mtf.top_k(mask * gate, reduced_dim=group_size_dim, k_dim=expert_capacity_dim)
   combine_tensor = mtf.one_hot(token_index, group_size_dim, dtype=tf.float32) * kept_gates

@@ -72,8 +72,9 @@ def test_switch_max_experts_keep_their_highest_gate_tokens(padded):
         expected[g, e, slot, t] = masked[g, t, e]
   np.testing.assert_allclose(combine, expected, rtol=1e-5, atol=1e-7)
   np.testing.assert_array_equal(dispatch, (expected != 0).astype(np.float32))
-  # 0.1.21: the density counts every token's choice, the gate proxy only routed tokens.
-  np.testing.assert_allclose(loss, _balance_loss(choice, gates * routed[..., None]), rtol=1e-5)
+  # 0.1.21: density and proxy over all tokens, each group's term scaled by its routed fraction.
+  expected_loss = (choice.mean(1) * gates.mean(1) * routed.mean(1)[:, None]).mean() * NUM_EXPERTS ** 2
+  np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
 
 
 @pytest.mark.parametrize("padded", [False, True])
