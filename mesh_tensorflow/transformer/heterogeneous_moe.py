@@ -57,9 +57,6 @@ class HeterogeneousMoE1D(transformer.TransformerLayer):
         moe_top_n_num_experts_per_token=top_n_num_experts_per_token, moe_num_layers=moe_num_layers,
         moe_heterogeneous_mask_info=heterogeneous_mask_info)
     moe._check_hparams(self._hparams)  # pylint: disable=protected-access
-    if use_second_place_expert_prob is not None:
-      raise NotImplementedError("HeterogeneousMoE1D: use_second_place_expert_prob is not implemented by "
-                                "moe.py's top-2 gating yet; leave it None.")
     self._activation = activation
 
   def call(self, context, x, losses=None):
@@ -82,15 +79,6 @@ class HeterogeneousMoE1D(transformer.TransformerLayer):
     if not has_length_dim:
       y = mtf.reshape(y, mtf.Shape(x_shape.dims[:-1] + y.shape.dims[-1:]))
     return y
-
-
-def _gating_fn(hparams):
-  """moe.py's gating function for hparams.moe_gating, with a clear error for one it lacks."""
-  gating_fn = getattr(moe, f"_{hparams.moe_gating}_gating", None)
-  if gating_fn is None or hparams.moe_gating not in moe._GATINGS:  # pylint: disable=protected-access
-    raise ValueError(f"heterogeneous_moe: unknown hparams.moe_gating={hparams.moe_gating!r}; use one of "
-                     f"{moe._GATINGS}.")  # pylint: disable=protected-access
-  return gating_fn
 
 
 def transformer_moe_layer_v1(inputs, output_dim, hparams, train, variable_dtype, layout=None,
@@ -156,9 +144,9 @@ def transformer_moe_layer_v1(inputs, output_dim, hparams, train, variable_dtype,
   nonpadding = moe._broadcast_nonpadding(nonpadding, inputs, batch_and_length_dims)  # pylint: disable=protected-access
   if nonpadding is not None:
     nonpadding = mtf.reshape(nonpadding, moe_input_dims[:-1])
-  dispatch_tensor, combine_tensor, loss = _gating_fn(hparams)(
-      inputs=inputs, outer_expert_dims=None, experts_dim=experts_dim_unsplit,
-      expert_capacity_dim=expert_capacity_dim, hparams=hparams, train=train, variable_dtype=variable_dtype,
+  dispatch_tensor, combine_tensor, loss = moe.gate(
+      hparams, group_size_dim, inputs=inputs, outer_expert_dims=None, experts_dim=experts_dim_unsplit,
+      expert_capacity_dim=expert_capacity_dim, train=train, variable_dtype=variable_dtype,
       importance=nonpadding, num_microbatches=num_microbatches, token_embeddings=token_embeddings)
 
   # [O, E, G, C, M], regrouped so that experts are the split dim (d_model renamed first: see moe.py).

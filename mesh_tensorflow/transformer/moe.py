@@ -234,6 +234,22 @@ def _broadcast_nonpadding(nonpadding, inputs, dims):
   return mtf.zeros(inputs.mesh, dims, dtype=inputs.dtype) + nonpadding
 
 
+def gate(hparams, group_size_dim: mtf.Dimension, **gating_kwargs):
+  """(dispatch, combine, loss) of the gating hparams.moe_gating names, on one group of tokens.
+
+  Expert selection normalises over the group, so (as in 0.1.21) it alone is handed the group dim.
+  """
+  gating_fn = {"top_2": _top_2_gating, "top_n": _top_n_gating, "switch": _switch_gating, "ntlb": _ntlb_gating,
+               "switch_max": _switch_max_gating,
+               "expert_selection": _expert_selection_gating}.get(hparams.moe_gating)
+  if gating_fn is None:
+    raise ValueError(f"mixture of experts: unknown hparams.moe_gating={hparams.moe_gating!r}; "
+                     f"use one of {_GATINGS}.")
+  if hparams.moe_gating == "expert_selection":
+    gating_kwargs["group_size_dim"] = group_size_dim
+  return gating_fn(hparams=hparams, **gating_kwargs)
+
+
 def transformer_moe_layer_v1(inputs, output_dim, hparams, train, variable_dtype, layout=None,
                              mesh_shape=None, nonpadding=None, activation=mtf.relu, num_microbatches=None,
                              token_embeddings=None):
@@ -274,19 +290,10 @@ def transformer_moe_layer_v1(inputs, output_dim, hparams, train, variable_dtype,
   nonpadding = _broadcast_nonpadding(nonpadding, inputs, batch_and_length_dims)
   if nonpadding is not None:
     nonpadding = mtf.reshape(nonpadding, moe_input_dims[:-1])
-  gating_fn = {"top_2": _top_2_gating, "top_n": _top_n_gating, "switch": _switch_gating, "ntlb": _ntlb_gating,
-               "switch_max": _switch_max_gating,
-               "expert_selection": _expert_selection_gating}.get(hparams.moe_gating)
-  if gating_fn is None:
-    raise ValueError(f"transformer_moe_layer_v1: unknown hparams.moe_gating={hparams.moe_gating!r}; "
-                     f"use one of {_GATINGS}.")
-  # Expert selection normalises over the group, so (as in 0.1.21) it is handed the group dim.
-  group_kwargs = {"group_size_dim": group_size_dim} if hparams.moe_gating == "expert_selection" else {}
-  dispatch_tensor, combine_tensor, loss = gating_fn(
-      inputs=inputs, outer_expert_dims=None, experts_dim=experts_dim_unsplit,
-      expert_capacity_dim=expert_capacity_dim, hparams=hparams, train=train, variable_dtype=variable_dtype,
-      importance=nonpadding, num_microbatches=num_microbatches, token_embeddings=token_embeddings,
-      **group_kwargs)
+  dispatch_tensor, combine_tensor, loss = gate(
+      hparams, group_size_dim, inputs=inputs, outer_expert_dims=None, experts_dim=experts_dim_unsplit,
+      expert_capacity_dim=expert_capacity_dim, train=train, variable_dtype=variable_dtype,
+      importance=nonpadding, num_microbatches=num_microbatches, token_embeddings=token_embeddings)
 
   # [O, E, G, C, M], then regroup so that experts (not groups) are the split dim: an all-to-all.
   expert_inputs = mtf.einsum([inputs, dispatch_tensor], mtf.Shape(

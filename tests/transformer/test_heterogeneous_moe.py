@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import heterogeneous_moe, transformer
+from mesh_tensorflow.transformer import heterogeneous_moe, moe, transformer
 from tests.harness import lower_and_evaluate
-from tests.layers.layer_check import check_layer
+from tests.layers.layer_check import check_layer, run_layer, shape_keyed_initializer
 from tests.transformer.test_moe import D_MODEL, D_MODEL_DIM, HIDDEN, NUM_EXPERTS, VDTYPE, X, X_SHAPE
 from tests.transformer.test_moe import _hparams, _moe_reference
 
@@ -126,8 +128,6 @@ def test_heterogeneous_moe1d_call_is_the_layer_function_and_adds_its_loss():
 def test_bad_gating_and_bad_mask_info_raise():
   with pytest.raises(ValueError, match="moe_gating"):
     heterogeneous_moe.HeterogeneousMoE1D(moe_gating="top_7")
-  with pytest.raises(NotImplementedError, match="use_second_place_expert_prob"):
-    heterogeneous_moe.HeterogeneousMoE1D(use_second_place_expert_prob=0.5)
   with tf.Graph().as_default(), pytest.raises(ValueError, match="assigns more than the 2 experts"):
     too_many = {"percent_number": 3, "layers": 1, "width": 1}
     _mask([too_many, {"percent_number": 1, "layers": 1, "width": 1}], 2, 1)
@@ -151,3 +151,25 @@ def test_heterogeneous_moe1d_incremental_positions_equal_the_full_sequence_call(
   full, incremental = lower_and_evaluate(build)
   assert full.shape == X.shape and np.abs(full).sum() > 0
   np.testing.assert_allclose(incremental, full, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("gating", ["top_n", "switch_max", "expert_selection"])
+def test_one_homogeneous_layer_equals_moe_for_every_gating(gating):
+  """Same weights, same routing: the heterogeneous layer shares moe.py's gate (expert selection included)."""
+  rng = np.random.RandomState(3)
+  shapes = [(D_MODEL, NUM_EXPERTS), (NUM_EXPERTS, D_MODEL, HIDDEN), (NUM_EXPERTS, HIDDEN, D_MODEL)]
+  weights = {shape: rng.randn(*shape).astype(np.float32) * 0.5 for shape in shapes}
+  hparams = _hparams(gating, moe_group_size=4, moe_top_n_num_experts_per_token=3, moe_num_layers=1,
+                     moe_heterogeneous_mask_info=None, moe_use_second_place_expert_prob=0.5)
+
+  def outputs(layer_fn):
+    initializer = shape_keyed_initializer(weights)
+    with mock.patch.object(tf, "truncated_normal_initializer", return_value=initializer), \
+        mock.patch.object(tf, "random_uniform_initializer", return_value=initializer):
+      return run_layer(lambda x: layer_fn(x, D_MODEL_DIM, hparams, False, VDTYPE)[0], [(X, X_SHAPE)],
+                       grads=False).y
+
+  expected = outputs(moe.transformer_moe_layer_v1)
+  assert np.abs(expected).max() > 0
+  heterogeneous = outputs(heterogeneous_moe.transformer_moe_layer_v1)
+  np.testing.assert_allclose(heterogeneous, expected, rtol=1e-5, atol=1e-6)
