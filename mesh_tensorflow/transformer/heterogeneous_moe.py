@@ -41,22 +41,7 @@ class HeterogeneousMoE1D(transformer.TransformerLayer):
                output_dim=None, z_loss=None, word_embed_mode=None, use_second_place_expert_prob=None,
                use_second_place_expert_prob_temp=None, moe_num_layers=1, heterogeneous_mask_info=None,
                top_n_num_experts_per_token=3):
-    self._hparams = moe.HParams(
-        moe_gating=moe_gating, moe_num_experts=num_experts, moe_loss_coef=loss_coef,
-        moe_hidden_size=hidden_size, moe_group_size=group_size, moe_min_expert_capacity=min_expert_capacity,
-        moe_capacity_factor_train=capacity_factor_train, moe_capacity_factor_eval=capacity_factor_eval,
-        moe_use_second_place_loss=use_second_place_loss, moe_second_policy_train=second_policy_train,
-        moe_second_policy_eval=second_policy_eval, moe_second_threshold_train=second_threshold_train,
-        moe_second_threshold_eval=second_threshold_eval, moe_dropout_rate=dropout_rate,
-        moe_switch_policy_train=switch_policy_train, moe_switch_policy_eval=switch_policy_eval,
-        moe_switch_dropout=switch_dropout, moe_switch_temperature=switch_temperature,
-        moe_switch_jitter=switch_jitter, moe_output_dim=output_dim, moe_ntlb_top_k=ntlb_top_k,
-        moe_z_loss=z_loss, moe_word_embed_mode=word_embed_mode,
-        moe_use_second_place_expert_prob=use_second_place_expert_prob,
-        moe_use_second_place_expert_prob_temp=use_second_place_expert_prob_temp,
-        moe_top_n_num_experts_per_token=top_n_num_experts_per_token, moe_num_layers=moe_num_layers,
-        moe_heterogeneous_mask_info=heterogeneous_mask_info)
-    moe._check_hparams(self._hparams)  # pylint: disable=protected-access
+    self._hparams = moe.hparams_from_layer_arguments(locals())
     self._activation = activation
 
   def call(self, context, x, losses=None):

@@ -34,9 +34,21 @@ class HParams:
     for k, v in kwargs.items():
       setattr(self, k, v)
 
-  def add_hparam(self, name: str, value) -> None:
-    """Sets (or overrides) one hyperparameter, as 0.1.21's HParams.add_hparam does."""
-    setattr(self, name, value)
+  def add_hparam(self, k: str, v) -> None:
+    """Sets (or overrides) hyperparameter k to v, as 0.1.21's HParams.add_hparam does."""
+    setattr(self, k, v)
+
+
+def hparams_from_layer_arguments(arguments: dict) -> HParams:
+  """A layer's constructor arguments as checked `moe_*` hparams: x becomes moe_x.
+
+  `self` and `activation` (a call argument, not an hparam) are left out; names already starting
+  with `moe_` (moe_gating, moe_num_layers) keep theirs.
+  """
+  hparams = HParams(**{name if name.startswith("moe_") else "moe_" + name: value
+                       for name, value in arguments.items() if name not in ("self", "activation")})
+  _check_hparams(hparams)
+  return hparams
 
 
 def set_default_moe_hparams(hparams) -> None:
@@ -116,21 +128,7 @@ class MoE1D(transformer.TransformerLayer):
                output_dim=None, use_experts_attention=False, z_loss=None, word_embed_mode=None,
                use_second_place_expert_prob=None, use_second_place_expert_prob_temp=None,
                top_n_num_experts_per_token=3):
-    self._hparams = HParams(
-        moe_gating=moe_gating, moe_num_experts=num_experts, moe_loss_coef=loss_coef,
-        moe_hidden_size=hidden_size, moe_group_size=group_size, moe_min_expert_capacity=min_expert_capacity,
-        moe_capacity_factor_train=capacity_factor_train, moe_capacity_factor_eval=capacity_factor_eval,
-        moe_use_second_place_loss=use_second_place_loss, moe_second_policy_train=second_policy_train,
-        moe_second_policy_eval=second_policy_eval, moe_second_threshold_train=second_threshold_train,
-        moe_second_threshold_eval=second_threshold_eval, moe_dropout_rate=dropout_rate,
-        moe_switch_policy_train=switch_policy_train, moe_switch_policy_eval=switch_policy_eval,
-        moe_switch_dropout=switch_dropout, moe_switch_temperature=switch_temperature,
-        moe_switch_jitter=switch_jitter, moe_ntlb_top_k=ntlb_top_k, moe_output_dim=output_dim,
-        moe_use_experts_attention=use_experts_attention, moe_z_loss=z_loss,
-        moe_word_embed_mode=word_embed_mode, moe_use_second_place_expert_prob=use_second_place_expert_prob,
-        moe_use_second_place_expert_prob_temp=use_second_place_expert_prob_temp,
-        moe_top_n_num_experts_per_token=top_n_num_experts_per_token)
-    _check_hparams(self._hparams)
+    self._hparams = hparams_from_layer_arguments(locals())
     self._activation = activation
 
   def call(self, context, x, losses=None):
@@ -173,10 +171,10 @@ class MoE2D(transformer.TransformerLayer):
   `wo/kernel` [expert_y, expert_x, expert_hidden, d_model].
   """
 
-  def __init__(self, expert_x=8, expert_y=8, hidden_size=4096, group_size=1024, capacity_factor_train=1.25,
-               capacity_factor_eval=2.0, capacity_factor_second_level=1.0, use_second_place_loss=False,
-               second_policy_train="random", second_policy_eval="random", second_threshold_train=0.2,
-               second_threshold_eval=0.2, min_expert_capacity=4, loss_coef=1e-2):
+  def __init__(self, expert_x=8, expert_y=8, loss_coef=1e-2, hidden_size=4096, group_size=1024,
+               capacity_factor_train=1.25, capacity_factor_eval=2.0, capacity_factor_second_level=1.0,
+               use_second_place_loss=False, second_policy_train="random", second_policy_eval="random",
+               second_threshold_train=0.2, second_threshold_eval=0.2, min_expert_capacity=4):
     self._hparams = HParams(
         moe_gating="top_2", moe_num_experts=[expert_x, expert_y], moe_loss_coef=loss_coef,
         moe_hidden_size=hidden_size, moe_group_size=group_size, moe_min_expert_capacity=min_expert_capacity,

@@ -197,3 +197,13 @@ def test_a_unitransformer_hands_its_token_embeddings_to_a_word_embed_moe_layer()
 
   logits, loss = lower_and_evaluate(build)
   assert logits.shape == (BATCH, LENGTH, 8) and np.isfinite(logits).all() and np.isfinite(loss)
+
+
+def test_moe2d_and_hparams_take_their_arguments_where_upstream_does():
+  """Positional calls written for 0.1.21 bind the same values: MoE2D(x, y, loss_coef, hidden, group)."""
+  hparams = moe.MoE2D(2, 3, 0.5, 16, 8)._hparams  # pylint: disable=protected-access
+  bound = (hparams.moe_num_experts, hparams.moe_loss_coef, hparams.moe_hidden_size, hparams.moe_group_size)
+  assert bound == ([2, 3], 0.5, 16, 8)
+  bag = moe.HParams()
+  bag.add_hparam(k="moe_gating", v="switch")
+  assert bag.moe_gating == "switch"
