@@ -19,7 +19,6 @@ import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._backends import tf_collectives
 from mesh_tensorflow._backends.placement import PlacementMeshImpl
-from mesh_tensorflow._core.layout import processor_groups
 from mesh_tensorflow._launch.cluster import Cluster
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
 
@@ -127,19 +126,7 @@ class CollectiveMeshImpl(PlacementMeshImpl):
   def laid_out_pnum(self):
     return self.LaidOutTensor(list(self._local_pnums))
 
-  def _by_group(self, x, mesh_axes, collective):
-    """Runs collective(xs, devices) on every group along mesh_axes (None for remote members)."""
-    x = x.to_laid_out_tensor()
-    held = dict(zip(self._local_pnums, x.tensor_list))
-    ret = {}
-    for group in processor_groups(self.shape, mesh_axes):
-      ys = collective([held.get(p) for p in group], [self._all_devices[p] for p in group])
-      ret.update({p: y for p, y in zip(group, ys) if y is not None})
-    return self.LaidOutTensor([ret[p] for p in self._local_pnums])
-
   def allreduce(self, x, mesh_axes, reduction_fn_string):
-    if not mesh_axes:
-      return x
     return self._by_group(x, mesh_axes, lambda xs, d: tf_collectives.allreduce(
         xs, d, reduction_fn_string, self._settings, share_result=self.share_replicas))
 

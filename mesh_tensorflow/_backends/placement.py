@@ -210,6 +210,11 @@ class PlacementMeshImpl(MeshImpl):
     return self._devices
 
   @property
+  def all_devices(self) -> list:
+    """Every processor's device, in pnum order (here: `devices`, every one held by this process)."""
+    return self._devices
+
+  @property
   def share_replicas(self) -> bool:
     """Whether processors with equal slices share one slice variable and one computation of them.
 
@@ -268,21 +273,22 @@ class PlacementMeshImpl(MeshImpl):
                                message, **kwargs)
     return self.LaidOutTensor(new_slices)
 
-  def _collective_with_groups(self, x, mesh_axes, collective):
-    """Applies collective(tensor_list, devices) within each group of processors along mesh_axes."""
+  def _by_group(self, x, mesh_axes, collective):
+    """Runs collective(xs, devices) within every group of processors along mesh_axes.
+
+    The one group dispatcher of the placement-style backends: xs and devices are the group's, in
+    coordinate order; a member this process does not hold (CollectiveMeshImpl across processes)
+    gives None and gets None back.
+    """
     if not mesh_axes:
       return x
     x = x.to_laid_out_tensor()
-    if len(mesh_axes) == self.ndims:
-      return self.LaidOutTensor(collective(x.tensor_list, self._devices))
-    groups = processor_groups(self.shape, mesh_axes)
-    ret = [None] * self.size
-    for group in groups:
-      inputs = [x.tensor_list[pnum] for pnum in group]
-      devices = [self._devices[pnum] for pnum in group]
-      for pnum, y in zip(group, collective(inputs, devices)):
-        ret[pnum] = y
-    return self.LaidOutTensor(ret)
+    held = dict(zip(self.local_pnums, x.tensor_list))
+    ret = {}
+    for group in processor_groups(self.shape, mesh_axes):
+      ys = collective([held.get(p) for p in group], [self.all_devices[p] for p in group])
+      ret.update({p: y for p, y in zip(group, ys) if y is not None})
+    return self.LaidOutTensor([ret[p] for p in self.local_pnums])
 
   def einsum(self, equation: str, *slices):
     """On CPUs with Eigen's matmul, few rows and many columns are computed in column blocks."""
@@ -298,7 +304,7 @@ class PlacementMeshImpl(MeshImpl):
     else:
       def collective(xs, devices):
         return ring_collectives.allreduce_ring(xs, devices, reduction_fn_string)
-    return self._collective_with_groups(x, mesh_axes, collective)
+    return self._by_group(x, mesh_axes, collective)
 
   def allconcat(self, x, mesh_axis, concat_axis):
     if self._cpus_of_one_process:
@@ -307,10 +313,10 @@ class PlacementMeshImpl(MeshImpl):
     else:
       def collective(xs, devices):
         return ring_collectives.allconcat_ring(xs, devices, concat_axis)
-    return self._collective_with_groups(x, [mesh_axis], collective)
+    return self._by_group(x, [mesh_axis], collective)
 
   def alltoall(self, x, mesh_axis, split_axis, concat_axis):
-    return self._collective_with_groups(
+    return self._by_group(
         x, [mesh_axis],
         lambda xs, devices: ring_collectives.alltoall_pointtwise(xs, devices, split_axis, concat_axis))
 
@@ -325,7 +331,7 @@ class PlacementMeshImpl(MeshImpl):
         with tf.device(device):
           ret.append(tf.zeros(shape, dtype) if source is None else tf.identity(xs[source]))
       return ret
-    return self._collective_with_groups(x, [mesh_axis], _collective)
+    return self._by_group(x, [mesh_axis], _collective)
 
   def laid_out_pnum(self):
     return self.LaidOutTensor(list(range(self.size)))
@@ -349,7 +355,7 @@ def _processor_holding_master(variable, mesh_impl, whole: bool):
   master_device = getattr(variable, "master_device", None) or ""
   if not whole or variable.master_dtype != variable.slice_dtype or getattr(variable, "is_stacked", False):
     return None
-  if not getattr(mesh_impl, "master_as_slice", False):  # one processor on the master's own device only
+  if not mesh_impl.master_as_slice:  # one processor on the master's own device only
     return 0 if mesh_impl.size == 1 and mesh_impl.devices[0] in ("", master_device) else None
   if mesh_impl.size > 1 and not isinstance(master, resource_variable_ops.BaseResourceVariable):
     return None
@@ -365,7 +371,7 @@ def _replica_owners(shape, mesh_impl, master_pnum=None) -> list:
   That is the first one with an equal slice of `shape`; for master_pnum's replicas, master_pnum
   (whose slice is the master).
   """
-  pnums = list(getattr(mesh_impl, "local_pnums", range(mesh_impl.size)))
+  pnums = mesh_impl.local_pnums
   begins = [tuple(mesh_impl.slice_begin(shape, pnum)) for pnum in pnums]
   owner = {} if master_pnum is None else {begins[master_pnum]: master_pnum}
   return [owner.setdefault(begin, i) for i, begin in enumerate(begins)]

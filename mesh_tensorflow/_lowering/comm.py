@@ -7,14 +7,9 @@ reason -- and then runs the backend primitive. `Lowering.counters` and
 `Lowering.communication_events` are both derived from these events, and a shape-only lowering
 (`mtf.dry_run`) records the same events without building any TF op.
 
-Bytes follow one backend-independent model (n = group size, S = slice bytes, P = processors):
-
-  | kind      | bytes sent by all processors together     |
-  | allreduce | 2 (n - 1) S P / n   (ring reduce-scatter + allgather)
-  | allconcat | (n - 1) S P         (each processor sends its slice to the n - 1 others)
-  | alltoall  | (n - 1) S P / n     (each processor keeps 1/n of its slice)
-  | receive   | S per processor whose source is another processor
-  | allsplit  | 0                   (each processor keeps a piece of what it holds)
+Bytes follow one backend-independent model, `plan.bytes_sent` (the layout plans' steps use the
+same function), e.g. an allreduce sends 2 (n - 1) S P / n bytes (n = group size, S = slice bytes,
+P = processors).
 """
 
 from __future__ import annotations
@@ -26,9 +21,8 @@ import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._core.dims import list_product
 from mesh_tensorflow._lowering import plan as plan_lib
-
-ALLREDUCE, ALLCONCAT, ALLTOALL, ALLSPLIT, RECEIVE = (
-    "allreduce", "allconcat", "alltoall", "allsplit", "receive")
+from mesh_tensorflow._lowering.plan import (
+    ALLCONCAT, ALLREDUCE, ALLSPLIT, ALLTOALL, RECEIVE, bytes_sent)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,24 +60,6 @@ class CommEvent:
     return (f"{self.kind}(mesh_axes={list(self.mesh_axes)}, group={self.group_size}, "
             f"slice={list(self.slice_shape)} {self.dtype}, {self.bytes_sent} bytes) "
             f"for {self.op_name!r} ({self.reason})")
-
-
-def bytes_sent(kind: str, group_size: int, num_processors: int, slice_bytes: int,
-               source_pcoord: Optional[Sequence] = None) -> int:
-  """Bytes sent by all processors together, per the model in the module docstring."""
-  n, p = group_size, num_processors
-  if kind == ALLREDUCE:
-    return 2 * (n - 1) * slice_bytes * (p // n)
-  if kind == ALLCONCAT:
-    return (n - 1) * slice_bytes * p
-  if kind == ALLTOALL:
-    return (n - 1) * (slice_bytes // n) * p
-  if kind == RECEIVE:
-    movers = sum(1 for k, s in enumerate(source_pcoord) if s is not None and s != k)
-    return movers * slice_bytes * (p // n)
-  if kind == ALLSPLIT:
-    return 0
-  raise ValueError(f"Unknown collective kind {kind!r}.")
 
 
 class Communicator:

@@ -58,6 +58,24 @@ class MeshImpl:
   def supports_control_dependencies(self) -> bool:
     return True
 
+  # Whether a variable the layout leaves whole uses its master as a slice (PlacementMeshImpl's
+  # option; see `_backends/variable_policy.py`). No other backend does.
+  master_as_slice = False
+
+  @property
+  def masters(self) -> str:
+    """"whole": each variable has a whole master tf.Variable, which checkpoints hold."""
+    return "whole"
+
+  @property
+  def local_pnums(self) -> list:
+    """The processors whose slices this program holds, in pnum order: every one by default.
+
+    (A backend spanning processes, CollectiveMeshImpl, holds a block; SIMD's one program is
+    every replica's.)
+    """
+    return list(range(self.size))
+
   # ---- layout arithmetic (pure) ----
 
   def tensor_dimension_to_mesh_axis(self, tensor_dimension):

@@ -26,15 +26,50 @@ axis 0 to old axis 1): alltoall(x, split_axis=1, concat_axis=0), then a local re
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import ClassVar, Optional, Sequence
 
 from mesh_tensorflow._core.dims import Shape, convert_to_shape, list_product
 from mesh_tensorflow._core.layout import convert_to_layout_rules
 
 
+ALLREDUCE, ALLCONCAT, ALLTOALL, ALLSPLIT, RECEIVE = (
+    "allreduce", "allconcat", "alltoall", "allsplit", "receive")
+
+
+def bytes_sent(kind: str, group_size: int, num_processors: int, slice_bytes: int,
+               source_pcoord: Optional[Sequence] = None) -> int:
+  """Bytes one collective sends between processors, all processors together.
+
+  The one byte model of the package (the communication layer's events and the plans' steps both
+  use it), backend-independent (n = group size, S = slice bytes, P = processors):
+
+    | kind      | bytes sent by all processors together     |
+    | allreduce | 2 (n - 1) S P / n   (ring reduce-scatter + allgather)
+    | allconcat | (n - 1) S P         (each processor sends its slice to the n - 1 others)
+    | alltoall  | (n - 1) S P / n     (each processor keeps 1/n of its slice)
+    | receive   | S per processor whose source is another processor (source_pcoord[k] != k)
+    | allsplit  | 0                   (each processor keeps a piece of what it holds)
+  """
+  n, p = group_size, num_processors
+  if kind == ALLREDUCE:
+    return 2 * (n - 1) * slice_bytes * (p // n)
+  if kind == ALLCONCAT:
+    return (n - 1) * slice_bytes * p
+  if kind == ALLTOALL:
+    return (n - 1) * (slice_bytes // n) * p
+  if kind == RECEIVE:
+    movers = sum(1 for k, s in enumerate(source_pcoord) if s is not None and s != k)
+    return movers * slice_bytes * (p // n)
+  if kind == ALLSPLIT:
+    return 0
+  raise ValueError(f"Unknown collective kind {kind!r}.")
+
+
 @dataclasses.dataclass(frozen=True)
 class LayoutStep:
   """One step applied to every processor's slice; slice shapes are per processor."""
+
+  kind: ClassVar[Optional[str]] = None  # the collective (a `bytes_sent` kind); None: local
 
   mesh_axis: Optional[int]
   slice_shape_before: tuple
@@ -46,15 +81,18 @@ class LayoutStep:
     return list_product(self.slice_shape_before)
 
   def bytes_moved(self, itemsize: int) -> int:
-    """Bytes received over the network by all processors together (0: purely local)."""
-    del itemsize
-    return 0
+    """Bytes sent between processors by all of them together (`bytes_sent`; 0: purely local)."""
+    if self.kind is None:
+      return 0
+    return bytes_sent(self.kind, self.mesh_axis_size, self.num_processors,
+                      self.slice_size_before * itemsize)
 
 
 @dataclasses.dataclass(frozen=True)
 class AllSplit(LayoutStep):
   """Each processor keeps its own 1/n piece of `tensor_axis` (mesh axis becomes a split)."""
 
+  kind: ClassVar[str] = ALLSPLIT
   tensor_axis: int
   mesh_axis_size: int
 
@@ -66,13 +104,10 @@ class AllSplit(LayoutStep):
 class AllToAll(LayoutStep):
   """Moves the mesh axis's split from `concat_axis` to `split_axis` (each processor trades n-1 pieces)."""
 
+  kind: ClassVar[str] = ALLTOALL
   split_axis: int
   concat_axis: int
   mesh_axis_size: int
-
-  def bytes_moved(self, itemsize: int) -> int:
-    n = self.mesh_axis_size
-    return self.num_processors * (self.slice_size_before // n) * (n - 1) * itemsize
 
   def __str__(self):
     return (f"alltoall(mesh_axis={self.mesh_axis}, split_axis={self.split_axis}, "
@@ -83,11 +118,9 @@ class AllToAll(LayoutStep):
 class AllConcat(LayoutStep):
   """Gathers the n pieces of `tensor_axis` along the mesh axis (it becomes replicated)."""
 
+  kind: ClassVar[str] = ALLCONCAT
   tensor_axis: int
   mesh_axis_size: int
-
-  def bytes_moved(self, itemsize: int) -> int:
-    return self.num_processors * self.slice_size_before * (self.mesh_axis_size - 1) * itemsize
 
   def __str__(self):
     return f"allconcat(mesh_axis={self.mesh_axis}, tensor_axis={self.tensor_axis})"
