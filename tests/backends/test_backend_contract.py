@@ -8,6 +8,8 @@ checks. A new backend adds a runner here.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -198,6 +200,76 @@ def test_every_backend_implements_the_primitives_and_the_protocol(impl):
   for member in ("read", "assign_to_slices", "laid_out_tensor", "copy_master_to_slices",
                  "copy_slices_to_master"):
     assert hasattr(impl.LaidOutVariable, member), member
+
+
+def _signature_mismatches(protocol, impl) -> list:
+  """Where impl's methods cannot be called as the Protocol's are: one line per problem.
+
+  Every Protocol parameter must exist in the implementation under the same name and at the same
+  position (callers pass them positionally), keep a default where the Protocol has one, and
+  *args / **kwargs where the Protocol takes them; the implementation's extra parameters need
+  defaults. Attributes and properties must exist.
+  """
+  problems, cls = [], type(impl)
+  for name in sorted(set(protocol.__annotations__) | {n for n in vars(protocol) if not n.startswith("_")}):
+    if not hasattr(impl, name):
+      problems.append(f"{cls.__name__} lacks {name}")
+      continue
+    wanted = vars(protocol).get(name)
+    if not inspect.isfunction(wanted):
+      continue
+    got = getattr(cls, name)
+    if not inspect.isfunction(got):
+      problems.append(f"{cls.__name__}.{name} is not a method")
+      continue
+    want_params = list(inspect.signature(wanted).parameters.values())
+    got_params = list(inspect.signature(got).parameters.values())
+    got_by_name = {p.name: (i, p) for i, p in enumerate(got_params)}
+    got_kinds = {p.kind for p in got_params}
+    for i, p in enumerate(want_params):
+      if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+        if p.kind not in got_kinds:
+          problems.append(f"{cls.__name__}.{name} does not take {p}")
+        continue
+      if p.name not in got_by_name:
+        problems.append(f"{cls.__name__}.{name} lacks parameter {p.name!r}")
+        continue
+      j, q = got_by_name[p.name]
+      if j != i or q.kind != p.kind:
+        problems.append(f"{cls.__name__}.{name}: {p.name!r} is not parameter {i} ({p.kind.description})")
+      if p.default is not p.empty and q.default is q.empty:
+        problems.append(f"{cls.__name__}.{name}: {p.name!r} has no default")
+    for q in got_params:
+      if (q.name not in {p.name for p in want_params} and q.default is q.empty
+          and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD)):
+        problems.append(f"{cls.__name__}.{name}: extra parameter {q.name!r} without a default")
+  return problems
+
+
+@pytest.mark.parametrize("impl", [
+    mtf.placement_mesh_impl.PlacementMeshImpl(MESH, "", [""] * SIZE), SimdMeshImpl(MESH, ""),
+    ShapeOnlyMeshImpl(MESH, ""), CollectiveMeshImpl(MESH, "", cpu_devices(SIZE))],
+    ids=["placement", "simd", "shape_only", "collective"])
+def test_every_backend_method_takes_the_protocol_parameters(impl):
+  assert _signature_mismatches(Backend, impl) == []
+
+
+def test_the_signature_check_finds_a_backend_that_deviates():
+  class Deviating(mtf.placement_mesh_impl.PlacementMeshImpl):
+    def allconcat(self, x, concat_axis, mesh_axis):  # swapped
+      raise AssertionError("not called")
+
+    def allsplit(self, x, mesh_axis, split_axis, which):  # lost its default
+      raise AssertionError("not called")
+
+    def fusing(self, is_needed=None, *, budget):  # a required extra parameter
+      raise AssertionError("not called")
+
+  assert sorted(_signature_mismatches(Backend, Deviating(MESH, "", [""] * SIZE))) == [
+      "Deviating.allconcat: 'concat_axis' is not parameter 3 (positional or keyword)",
+      "Deviating.allconcat: 'mesh_axis' is not parameter 2 (positional or keyword)",
+      "Deviating.allsplit: 'which' has no default",
+      "Deviating.fusing: extra parameter 'budget' without a default"]
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
