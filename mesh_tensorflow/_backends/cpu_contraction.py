@@ -2,7 +2,7 @@
 
 TF's CPU MatMul (Eigen's contraction) is slow for a product with few rows and many columns:
 measured single-threaded on a 2-core AVX2 machine (`benchmarks/bench_contraction.py`,
-docs/performance.md), [128, 256] x [256, 1024] took 1.6x to 1.9x as long per flop as the same
+benchmarks/RESULTS.md), [128, 256] x [256, 1024] took 1.6x to 1.9x as long per flop as the same
 product with 1024 rows, and as four products of 256 columns concatenated it costs 30 to 38% less.
 Slices of data-parallel meshes are exactly such products: each device has a fraction of the rows.
 

@@ -392,7 +392,7 @@ def session_config_for_devices(devices: Sequence[str], config: Optional[tf.Confi
   * on several CPU devices of one process, intra_op_parallelism_threads = max(1, cores //
     devices) (unless set): the processors' kernels already run concurrently, so each kernel gets
     its processor's share of the machine's `cores` (default: the cores this process may use).
-    Measured on the benchmark Transformer, 8 virtual devices on 2 cores (docs/performance.md):
+    Measured on the benchmark Transformer, 8 virtual devices on 2 cores (benchmarks/RESULTS.md):
     steps 10-25% faster than with TF's default of every core for every kernel;
   * on CPU devices, `lean_graph_optimization` (unless `config` sets any rewrite option).
   """
@@ -424,7 +424,7 @@ def lean_graph_optimization(rewrite_options) -> None:
   every function body at the session's first run. Its MLIR pass (tfg), its memory optimiser and
   its second round of every pass took about half of that time; without them, model-parallel 8's
   first step took 0.66 s instead of 1.20 s and 2x4's 0.72 s instead of 1.14 s, with steps as
-  fast (docs/performance.md, "TF's graph optimisation at session start").
+  fast (benchmarks/RESULTS.md, "Lean grappler").
   """
   rewrite_options.disable_tfg_optimizer = True
   rewrite_options.memory_optimization = rewriter_config_pb2.RewriterConfig.NO_MEM_OPT

@@ -9,7 +9,7 @@ explainer and the layout search stand on it.
 Its cost does not depend on the number of processors (one slice stands for all of them, and
 bytes come from the mesh arithmetic; see `_backends/shape_only.py`), and repeated layers cost
 little: a 64-layer, 100B-parameter Transformer lowers in seconds on 8 or 4096 processors alike
-(docs/performance.md, "Dry runs at pod scale"; benchmarks/bench_dry_run.py).
+(benchmarks/RESULTS.md, "Dry runs at pod scale"; benchmarks/bench_dry_run.py).
 """
 
 from __future__ import annotations
