@@ -17,6 +17,7 @@ import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._core.dims import convert_to_shape
 from mesh_tensorflow._core.layout import convert_to_layout_rules
+from mesh_tensorflow._cost import graph_interface, scheduler
 from mesh_tensorflow._cost.flops import per_processor_elements
 
 
@@ -73,8 +74,6 @@ def estimate_memory(
   their last consumer, in the order of `schedule` (default: `scheduler.minimize_peak_memory`).
   `events` (the dry run's CommEvents) give the communication buffer.
   """
-  from mesh_tensorflow.auto_mtf import graph_interface, scheduler
-
   mesh_shape, layout_rules = convert_to_shape(mesh_shape), convert_to_layout_rules(layout_rules)
 
   variables = set(graph.all_variables)

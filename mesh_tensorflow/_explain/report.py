@@ -9,6 +9,7 @@ import numpy as np
 
 from mesh_tensorflow._core.layout import convert_to_layout_rules
 from mesh_tensorflow._cost import model as cost_model
+from mesh_tensorflow.auto_mtf import _solver, valid_layouts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +66,6 @@ def avoidable_communication(graph, report, outputs=(), threshold: float = 0.01) 
   or moving its mesh dimension to another dimension makes the step more than `threshold`
   (relative) faster. Alternatives are scored by the layout search's fast estimate.
   """
-  from mesh_tensorflow.auto_mtf import _solver, valid_layouts
-
   validator = valid_layouts.LayoutValidator(graph, report.mesh_shape)
   problem = _solver.Problem(graph, report.mesh_shape, validator, outputs, report.time_model)
   # Rules for mesh dimensions this mesh lacks do not apply (the dry run warned about likely typos).

@@ -1,61 +1,7 @@
 """Operation orders that keep peak memory low (upstream `auto_mtf.scheduler`).
 
-Schedules are lists of operation ids (graph order numbers of a GraphInterface).
+The code lives in the cost model (`mesh_tensorflow._cost.scheduler`), whose memory estimate
+schedules with it and on which the layout search builds; this module keeps upstream's name.
 """
-
-from __future__ import annotations
-
-import collections
-
-ALGORITHMS = ("NAIVE", "LIST")
-
-
-def minimize_peak_memory(graph, scheduler_alg: str = "LIST") -> list:
-  """A topological order of `graph` (a GraphInterface) chosen to keep peak memory low.
-
-  Args:
-    graph: a GraphInterface.
-    scheduler_alg: "NAIVE" (graph order) or "LIST" (greedy: next, the ready operation that frees
-      the most bytes net of what it allocates; ties go to graph order).
-  """
-  if scheduler_alg == "NAIVE":
-    return list(range(graph.get_num_operations()))
-  if scheduler_alg == "LIST":
-    return _list_schedule(graph)
-  raise ValueError(f"Unknown scheduler_alg {scheduler_alg!r}; use one of {ALGORITHMS}.")
-
-
-def _list_schedule(graph) -> list:
-  names = graph.get_all_operation_names()
-  inputs = {op: list(dict.fromkeys(graph.get_operation_input_names(op))) for op in names}
-  outputs = {op: list(graph.get_operation_output_names(op)) for op in names}
-  producer = {t: op for op in names for t in outputs[op]}
-  pending_users = collections.Counter(t for op in names for t in inputs[op])
-  waiting_on = {op: sum(1 for t in inputs[op] if t in producer) for op in names}
-  users = collections.defaultdict(list)
-  for op in names:
-    for t in inputs[op]:
-      users[t].append(op)
-  ids = {op: i for i, op in enumerate(names)}
-
-  def net_bytes_freed(op):
-    freed = sum(
-      graph.get_tensor_size(t) for t in inputs[op] if pending_users[t] == 1 and not graph.is_tensor_final(t)
-    )
-    allocated = sum(graph.get_tensor_size(t) for t in outputs[op] if users[t] or graph.is_tensor_final(t))
-    return freed - allocated
-
-  ready = [op for op in names if waiting_on[op] == 0]
-  schedule = []
-  while ready:
-    best = max(ready, key=lambda op: (net_bytes_freed(op), -ids[op]))
-    ready.remove(best)
-    schedule.append(ids[best])
-    for t in inputs[best]:
-      pending_users[t] -= 1
-    for t in outputs[best]:
-      for user in users[t]:
-        waiting_on[user] -= 1
-        if waiting_on[user] == 0:
-          ready.append(user)
-  return schedule
+# ruff: noqa: F401
+from mesh_tensorflow._cost.scheduler import ALGORITHMS, minimize_peak_memory
