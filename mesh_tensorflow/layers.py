@@ -1,9 +1,14 @@
 """`mtf.layers`: neural-network layers built from mtf ops (a facade over `mesh_tensorflow._layers`).
 
-Dense layers obtain their kernels through this module's `get_dense_kernel_weights` at call
-time, so patching `mtf.layers.get_dense_kernel_weights` affects every layer built on `dense`.
+Dense layers obtain their kernels through `get_dense_kernel_weights` at call time, and setting
+`mtf.layers.get_dense_kernel_weights` (as 0.1.21's tests do with mock.patch.object) sets it in
+`_layers.dense` too, so a patch here affects every layer built on `dense`.
 """
 
+import sys
+import types
+
+from mesh_tensorflow._layers import dense as _dense
 from mesh_tensorflow._layers.dense import (
     unit_scaling_convention as unit_scaling_convention, us_einsum as us_einsum,
     DenseInitializer as DenseInitializer, VarianceScalingInitializer as VarianceScalingInitializer,
@@ -48,3 +53,23 @@ from mesh_tensorflow._layers.misc import (
     clip_activation_gradient as clip_activation_gradient,
     summary_for_clip_activation_gradient as summary_for_clip_activation_gradient,
     annealed_dropout as annealed_dropout)
+
+
+# Names that `_layers.dense` looks up in its own module at call time.
+_SHARED_WITH_DENSE = frozenset({"get_dense_kernel_weights"})
+
+
+class _LayersModule(types.ModuleType):
+  """This module's type: setting a name it shares with `_layers.dense` sets it there as well.
+
+  The dependency points down (the facade writes into the layer module), and a patch of the public
+  name reaches the dense layers without them importing this facade.
+  """
+
+  def __setattr__(self, name, value):
+    super().__setattr__(name, value)
+    if name in _SHARED_WITH_DENSE:
+      setattr(_dense, name, value)
+
+
+sys.modules[__name__].__class__ = _LayersModule

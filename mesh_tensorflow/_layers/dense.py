@@ -109,7 +109,7 @@ def dense(x: mtf.Tensor, new_dims, reduced_dims=None, expert_dims=None, use_bias
   """Dense layer: contracts `reduced_dims` of x against a kernel producing `new_dims`.
 
   The kernel is the variable `<scope>/kernel` of shape expert_dims + reduced_dims + new_dims
-  (from `mtf.layers.get_dense_kernel_weights` unless `kernel_weights` is given); the bias is
+  (from `get_dense_kernel_weights`, looked up at call time, unless `kernel_weights` is given); the bias is
   `<scope>/bias` of shape expert_dims + new_dims, zero-initialised. The scope is `name` or a
   fresh `dense`. Output dims: x's dims without reduced_dims, then new_dims; `activation` last.
   A reduced dim that is also a new dim is first renamed "_<name>" in x.
@@ -117,7 +117,6 @@ def dense(x: mtf.Tensor, new_dims, reduced_dims=None, expert_dims=None, use_bias
   Example: `dense(x, new_dims=d_ff, reduced_dims=[d_model], name="wi")` maps
   [batch, length, d_model] to [batch, length, d_ff].
   """
-  from mesh_tensorflow import layers  # the public module: tests patch get_dense_kernel_weights there
   new_dims = _as_dim_list(new_dims)
   expert_dims = _as_dim_list(expert_dims)
   if reduced_dims is None:
@@ -142,7 +141,7 @@ def dense(x: mtf.Tensor, new_dims, reduced_dims=None, expert_dims=None, use_bias
     with tf.variable_scope(None, default_name="dense") as scope:
       name = scope.name.split("/")[-1]
   if kernel_weights is None:
-    kernel_weights = layers.get_dense_kernel_weights(
+    kernel_weights = get_dense_kernel_weights(
         x, new_dims, reduced_dims, expert_dims, kernel_initializer, name, variable_dtype, master_dtype,
         slice_dtype)
   with tf.variable_scope(name):

@@ -109,6 +109,15 @@ def test_dense_gets_its_kernel_through_the_patched_public_module_attribute(mode)
   assert result.variables == {}
 
 
+def test_a_patch_of_the_public_kernel_function_reaches_the_layer_module_and_is_undone():
+  from mesh_tensorflow._layers import dense as dense_module
+
+  original = dense_module.get_dense_kernel_weights
+  with mock.patch.object(mtf.layers, "get_dense_kernel_weights") as patched:
+    assert dense_module.get_dense_kernel_weights is patched
+  assert mtf.layers.get_dense_kernel_weights is original and dense_module.get_dense_kernel_weights is original
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_dense_uses_given_kernel_weights_and_creates_only_the_bias(mode):
   kernel = RNG.randn(4, 8).astype(np.float32)
