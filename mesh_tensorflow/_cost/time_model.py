@@ -258,7 +258,8 @@ def calibrate(devices: Sequence[str], reps: int = 5, size: int = 256, session_co
   """
   import tensorflow.compat.v1 as tf
 
-  import mesh_tensorflow as mtf
+  from mesh_tensorflow import ops_with_redefined_builtins as mtf
+  from mesh_tensorflow._backends.placement import PlacementMeshImpl
 
   n = len(devices)
   rows = mtf.Dimension("rows", n * size)
@@ -277,7 +278,7 @@ def calibrate(devices: Sequence[str], reps: int = 5, size: int = 256, session_co
         return mtf.import_tf_tensor(mesh, placeholder, shape)
 
       out = build(fed)
-      impl = mtf.placement_mesh_impl.PlacementMeshImpl(f"all:{n}", "rows:all;p:all", list(devices))
+      impl = PlacementMeshImpl(f"all:{n}", "rows:all;p:all", list(devices))
       lowering = mtf.Lowering(graph, {mesh: impl})
       fetch = lowering.export_to_tf_tensor(out)
       with tf.Session(config=session_config) as sess:

@@ -7,8 +7,8 @@ from typing import Optional, Sequence
 import gin
 import tensorflow.compat.v1 as tf
 
-from mesh_tensorflow import layers
 from mesh_tensorflow import ops_with_redefined_builtins as mtf
+from mesh_tensorflow._layers.dense import unit_scaling_convention
 from mesh_tensorflow._optimize import base, schedules
 from mesh_tensorflow._optimize.step import training_step
 
@@ -155,7 +155,7 @@ class AdafactorOptimizer(base.Optimizer):
   def _learning_rate_default(self, multiply_by_parameter_scale: bool):
     """min(1/sqrt(step + 1), 0.01), times 0.05 for absolute steps without unit scaling."""
     learning_rate = tf.minimum(tf.math.rsqrt(training_step(self._step) + 1.0), 0.01)
-    if not multiply_by_parameter_scale and not layers.unit_scaling_convention():
+    if not multiply_by_parameter_scale and not unit_scaling_convention():
       learning_rate *= 0.05
     return learning_rate
 

@@ -15,11 +15,11 @@ from typing import Callable, Optional, Sequence
 import keras
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow._backends.placement import PlacementMeshImpl
 from mesh_tensorflow._core.dims import convert_to_shape
 from mesh_tensorflow._core.graph import Graph, Mesh
 from mesh_tensorflow._lowering.lowering import Lowering
 from mesh_tensorflow._ops.reshape import import_fully_replicated
-from mesh_tensorflow.placement_mesh_impl import PlacementMeshImpl
 
 
 @keras.saving.register_keras_serializable(package="mesh_tensorflow")
