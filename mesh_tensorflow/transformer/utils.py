@@ -9,7 +9,7 @@ from __future__ import annotations
 from mesh_tensorflow.transformer._train.checkpoints import (
     get_step_from_checkpoint_path as get_step_from_checkpoint_path,
 )
-from mesh_tensorflow.transformer._utils.checkpoint_selection import (
+from mesh_tensorflow.transformer._train.checkpoint_selection import (
     flexible_ckpt_init_mapping as flexible_ckpt_init_mapping,
     get_checkpoint_iterator as get_checkpoint_iterator,
     init_checkpoint_variable_mapping as init_checkpoint_variable_mapping,

@@ -19,7 +19,7 @@ from mesh_tensorflow._lowering import layout_check
 
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer._train import arguments, checkpoints, guards, inputs
-from mesh_tensorflow.transformer._utils import checkpoint_selection
+from mesh_tensorflow.transformer._train import checkpoint_selection
 from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
 from tests.transformer import tiny_run
 from tests.transformer.tiny_run import run

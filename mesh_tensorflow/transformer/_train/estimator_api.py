@@ -32,7 +32,7 @@ from mesh_tensorflow.transformer._train import estimator as estimator_lib
 from mesh_tensorflow.transformer._train import export, inputs, loop, model_fn, progress
 from mesh_tensorflow.transformer._train.checkpoints import get_step_from_checkpoint_path
 from mesh_tensorflow.transformer._utils import GIN_MODULE
-from mesh_tensorflow.transformer._utils.checkpoint_selection import get_checkpoint_iterator
+from mesh_tensorflow.transformer._train.checkpoint_selection import get_checkpoint_iterator
 from mesh_tensorflow.transformer._utils.features import (
     _filter_features, _maybe_add_pretokenized_features, _pad_rows)
 from mesh_tensorflow.transformer._utils.models import build_model

@@ -19,7 +19,7 @@ import gin
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow.transformer._train import checkpoints, guards, model_fn, progress
-from mesh_tensorflow.transformer._utils import checkpoint_selection
+from mesh_tensorflow.transformer._train import checkpoint_selection
 
 # The default graph-level seed (utils.run.random_seed): initial weights, dropout masks and
 # sampling noise are the same in every run and under every layout, which makes runs comparable

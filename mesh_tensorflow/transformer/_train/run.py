@@ -21,7 +21,7 @@ from mesh_tensorflow.transformer._train import arguments, checkpoints, estimator
 from mesh_tensorflow.transformer._train import eval as eval_lib
 from mesh_tensorflow.transformer._train import tpu as tpu_lib
 from mesh_tensorflow.transformer._utils import GIN_MODULE
-from mesh_tensorflow.transformer._utils.checkpoint_selection import get_checkpoint_iterator
+from mesh_tensorflow.transformer._train.checkpoint_selection import get_checkpoint_iterator
 from mesh_tensorflow.transformer._utils.mesh_sizes import auto_train_steps, compute_batch_size
 from mesh_tensorflow.transformer._utils.models import build_model
 
