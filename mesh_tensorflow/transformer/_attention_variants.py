@@ -15,6 +15,7 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer._attention_layers import (
     GIN_MODULE, EncDecAttention, SelfAttention, attention_params, enc_dec_attention)
+from mesh_tensorflow.transformer._feed_forward import DenseReluDense
 
 
 def _experts_hparams(**kwargs):
@@ -234,7 +235,6 @@ class BranchedSelfAttention(SelfAttention):
     if self.num_memory_heads != 0:
       raise ValueError(f"{type(self).__name__}: set num_memory_heads to 0 (got {self.num_memory_heads}); "
                        f"every branch has its own keys and values.")
-    from mesh_tensorflow.transformer.transformer_layers import DenseReluDense  # the facade defines it
     self.dense_layer = DenseReluDense()
 
   def layer_output_from_attention_output(self, context, attention_output: mtf.Tensor, losses) -> mtf.Tensor:

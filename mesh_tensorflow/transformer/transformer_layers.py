@@ -2,8 +2,8 @@
 
 Every layer is gin-configurable as `transformer_layers.<Name>` (module
 `mesh_tensorflow.transformer.transformer_layers`) and has `call(context, x, losses=None)`
-returning a tensor shaped like x. The attention and convolution families live in private
-modules and are re-exported here; their variable names are a checkpoint contract.
+returning a tensor shaped like x. The feed-forward, attention and convolution families live in
+private modules and are re-exported here; their variable names are a checkpoint contract.
 """
 
 from __future__ import annotations
@@ -30,39 +30,11 @@ from mesh_tensorflow.transformer._talking_heads_layers import (
     TalkingHeadsEncDecAttention as TalkingHeadsEncDecAttention,
     GeneralBilinearSelfAttention as GeneralBilinearSelfAttention,
     GeneralBilinearEncDecAttention as GeneralBilinearEncDecAttention)
+from mesh_tensorflow.transformer._feed_forward import DenseReluDense as DenseReluDense
 from mesh_tensorflow.transformer._conv_layers import (
     Conv1D as Conv1D, Conv1DLayer as Conv1DLayer, SeparableConv1DLayer as SeparableConv1DLayer,
     Conv1DLocalAttn as Conv1DLocalAttn, LightweightConv1DLocalAttn as LightweightConv1DLocalAttn,
     DynamicConv1DLocalAttn as DynamicConv1DLocalAttn, LocalConvAttnBlock as LocalConvAttnBlock)
-
-
-@gin.configurable(module=GIN_MODULE)
-class DenseReluDense(transformer.TransformerLayer):
-  """Feed-forward block: dense `wi` to `d_ff` with `activation`, dropout (training), dense `wo`.
-
-  `activation` may be a list (e.g. ["gelu", "linear"] for GEGLU): one `wi_<i>` per entry,
-  multiplied elementwise.
-  """
-
-  def __init__(self, hidden_size: int = 4096, dropout_rate: float = 0.0, activation="relu",
-               use_bias: bool = False):
-    self.hidden_size = hidden_size
-    self.dropout_rate = dropout_rate
-    self.activation = activation
-    self.use_bias = use_bias
-
-  def call(self, context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
-    io_channels = x.shape.dims[-1]
-    h = mtf.layers.dense_product(
-        x, reduced_dims=[io_channels], new_dims=mtf.Dimension("d_ff", self.hidden_size),
-        activation_functions=self.activation, use_bias=self.use_bias,
-        variable_dtype=context.variable_dtype, name="wi", expert_dims=context.model.ensemble_dims)
-    if context.train and self.dropout_rate != 0.0:
-      h = mtf.dropout(h, context.train, keep_prob=1.0 - self.dropout_rate,
-                      noise_shape=h.shape - context.length_dim)
-    return mtf.layers.dense(h, io_channels, reduced_dims=h.shape.dims[-1:], use_bias=self.use_bias,
-                            activation=None, variable_dtype=context.variable_dtype, name="wo",
-                            expert_dims=context.model.ensemble_dims)
 
 
 @gin.configurable(module=GIN_MODULE)
