@@ -6,7 +6,7 @@ import io
 import os
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.explain import main as explain_main
+from mesh_tensorflow._explain.cli import main as explain_main
 from tests.lowering.test_communication import FAMILIES, _build
 
 TINY_LM = [

@@ -9,7 +9,7 @@ import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow._explain.transformer_graph import build_transformer_graph
-from mesh_tensorflow.explain import main as explain_main
+from mesh_tensorflow._explain.cli import main as explain_main
 
 TINY = ["num_layers = 1", "d_model = 16", "d_ff = 32", "d_kv = 4", "num_heads = 4"]
 FITS = re.compile(r"^fits: (yes|no) \(([\d,.]+) GB of ([\d,.]+) GB per processor\)$", re.M)

@@ -1,0 +1,68 @@
+"""The command line `python -m mesh_tensorflow.explain`: a layout of a gin-configured Transformer.
+
+It builds the Transformer from gin files, so it sits above the transformer package in the layer
+order, apart from `mesh_tensorflow.explain` (mtf.explain), which the package root imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mesh_tensorflow._cost import time_model as time_model_lib
+from mesh_tensorflow._explain.transformer_graph import build_transformer_graph
+from mesh_tensorflow.auto_mtf import api as auto_mtf_api
+from mesh_tensorflow.explain import __doc__ as USAGE
+from mesh_tensorflow.explain import explain
+
+
+def main(argv=None) -> int:
+  """The command line: explains a layout of a gin-configured Transformer's training step."""
+  parser = argparse.ArgumentParser(
+    prog="python -m mesh_tensorflow.explain",
+    description=USAGE,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  parser.add_argument("--gin_file", action="append", default=[], help="gin file (package-relative or a path)")
+  parser.add_argument("--gin_param", action="append", default=[], help="gin binding, e.g. 'd_model = 64'")
+  parser.add_argument("--mesh_shape", required=True)
+  parser.add_argument("--layout", help="layout rules (required unless --search)")
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--length", type=int, default=32)
+  parser.add_argument("--vocab_size", type=int, default=256)
+  presets = sorted(time_model_lib.PRESETS)
+  parser.add_argument("--time_model", "--accelerator", dest="time_model", default="cpu", choices=presets)
+  parser.add_argument("--search", action="store_true", help="search the layout within the memory limit")
+  parser.add_argument("--remat", action="store_true", help="rematerialise every layer on the backward pass")
+  parser.add_argument("--plot_dir", default=None)
+  parser.add_argument("--plot_format", default="png", choices=["png", "svg"])
+  args = parser.parse_args(argv)
+  if not args.search and not args.layout:
+    parser.error("give --layout, or --search to find one")
+  bindings = args.gin_param + (["LayerStack.recompute_grads = True"] if args.remat else [])
+  graph, loss = build_transformer_graph(args.gin_file, bindings, args.batch, args.length, args.vocab_size)
+  layout = args.layout
+  if args.search:
+    time_model = time_model_lib.get_time_model(args.time_model)
+    rules = auto_mtf_api.layout(
+      graph, args.mesh_shape, [loss], memory_limit_bytes=time_model.memory_bytes, time_model=time_model
+    )
+    layout = ";".join(f"{d}:{m}" for d, m in rules)
+    print(f"searched layout: {layout or '(replicated)'}")
+  try:
+    explanation = explain(
+      graph,
+      args.mesh_shape,
+      layout,
+      [loss],
+      args.time_model,
+      plot_dir=args.plot_dir,
+      plot_format=args.plot_format,
+      tokens_per_step=args.batch * args.length,
+    )
+  except ImportError as e:
+    print(e, file=sys.stderr)
+    return 1
+  for path in explanation.pictures:
+    print(f"wrote {path}")
+  return 0
