@@ -14,15 +14,11 @@ from absl import logging
 
 from mesh_tensorflow._core.layout import convert_to_layout_rules
 from mesh_tensorflow._cost import model as cost_model
-from mesh_tensorflow.auto_mtf import _solver
+from mesh_tensorflow.auto_mtf import _solver, print_cp_model_solution
+from mesh_tensorflow.auto_mtf.print_cp_model_solution import _global_var_name  # noqa: F401  (0.1.21's home)
 
 SolverError = _solver.SolverError
 SearchSpaceTooLarge = _solver.SearchSpaceTooLarge
-
-
-def _global_var_name(splittable_dimension: str, mesh_dimension: str) -> str:
-  """Name of the decision "split `splittable_dimension` over `mesh_dimension`"."""
-  return f"x_({splittable_dimension}:{mesh_dimension})"
 
 
 def _local_var_name(splittable_dimensions, assignment: dict) -> str:
@@ -85,7 +81,6 @@ class LayoutOptimizer:
     """
     self.solution = _solver.search(self._model, self._memory_limit_bytes)
     if print_solution:
-      from mesh_tensorflow.auto_mtf import print_cp_model_solution  # it imports this module
       print_cp_model_solution.print_solution(self._model, self.solution)
     return self.solution.layout_string
 

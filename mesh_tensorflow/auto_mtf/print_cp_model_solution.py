@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from mesh_tensorflow.auto_mtf import layout_optimizer
+
+def _global_var_name(splittable_dimension: str, mesh_dimension: str) -> str:
+  """Name of the decision "split `splittable_dimension` over `mesh_dimension`"."""
+  return f"x_({splittable_dimension}:{mesh_dimension})"
 
 
 def print_solution(model, solver, file=None) -> None:
@@ -21,7 +24,7 @@ def print_solution(model, solver, file=None) -> None:
     for axis in model.domains[dim][1:]:
       mesh_dim = model.mesh_names[axis]
       value = int(solver.assignment.get(dim) == mesh_dim)
-      print(f"{layout_optimizer._global_var_name(dim, mesh_dim)} = {value}", file=file)
+      print(f"{_global_var_name(dim, mesh_dim)} = {value}", file=file)
   print(
     f"estimated step: {solver.estimated_s * 1e3:.3f} ms, predicted step: {solver.step_s * 1e3:.3f} ms",
     file=file,
