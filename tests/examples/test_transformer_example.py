@@ -11,6 +11,7 @@ import pytest
 from examples.transformer import data, train
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
+from mesh_tensorflow.transformer._train import progress
 
 TINY_MODEL = ["num_layers = 1", "d_model = 16", "d_ff = 32", "num_heads = 8", "d_kv = 2"]
 TINY_LM = TINY_MODEL + ["utils.run.sequence_length = {'inputs': 16, 'targets': 16}",
@@ -29,13 +30,18 @@ def params(bindings):
   return [arg for b in bindings for arg in ("--gin_param", b)]
 
 
-def test_the_language_model_trains_evaluates_samples_and_draws_its_loss_curve(tmp_path, capsys):
+def test_the_language_model_learns_evaluates_samples_and_draws_its_loss_curve(tmp_path, capsys):
   tiny = TINY_LM + ["utils.run.iterations_per_loop = 1", "utils.run.perplexity_eval_steps = 2"]
-  summary = train.main(["--model_dir", str(tmp_path), "--train_steps", "3"] + params(tiny))
+  summary = train.main(["--model_dir", str(tmp_path), "--train_steps", "12"] + params(tiny))
   out = capsys.readouterr().out
   assert "mesh 'batch:2,model:4'" in out  # the shipped layout file's mesh
-  assert summary["train"]["step"] == 3 and 0 < summary["bits_per_byte"] < 9
-  assert re.search(r"held-out bits per byte: [\d.]+ \(step 3, [\d,]+ held-out bytes\)", out)
+  losses = [loss for _, loss in progress.read_scalars(str(tmp_path), "loss")]
+  assert summary["train"]["step"] == len(losses) == 12
+  # It learns: the training loss (6.17 nats at step 1, 4.05 at step 12 here) falls by a quarter, and
+  # held-out text (5.63 bits per byte here) is far more predictable than a uniform byte model's 8 bits.
+  assert losses[-1] < 0.75 * losses[0], losses
+  assert summary["bits_per_byte"] < 6.5
+  assert re.search(r"held-out bits per byte: [\d.]+ \(step 12, [\d,]+ held-out bytes\)", out)
   assert len(re.findall(r"^greedy: ", out, re.M)) == len(re.findall(r"^sampled: ", out, re.M)) == 3
   try:
     import matplotlib  # noqa: F401
@@ -44,12 +50,20 @@ def test_the_language_model_trains_evaluates_samples_and_draws_its_loss_curve(tm
     assert "matplotlib is not installed" in out
 
 
-def test_the_reverse_task_trains_and_reports_exact_match(tmp_path, capsys):
+def test_the_reverse_task_reports_the_exact_match_of_its_decoded_held_out_strings(tmp_path, capsys):
+  """README's exact match of 1.000 takes 1000 steps (minutes); two steps of a width-16 model reverse
+  no string, and the reported exact match is the share of decodes that equal their targets."""
   tiny = TINY_MODEL + ["utils.run.batch_size = 8", "data.transduction_dataset.num_eval_examples = 8"]
   summary = train.main(["--task", "reverse", "--model_dir", str(tmp_path), "--train_steps", "2"]
                        + params(tiny))
-  assert 0.0 <= summary["exact_match"] <= 1.0
-  assert re.search(r"held-out exact match: [\d.]+", capsys.readouterr().out)
+  written = tmp_path / "validation_eval"
+  inputs, targets, predictions = ((written / name).read_text().splitlines()
+                                  for name in ("transduction_inputs", "transduction_targets",
+                                               "transduction_2_predictions"))
+  assert len(inputs) == len(targets) == len(predictions) == 8
+  assert targets == [s[::-1] for s in inputs]
+  assert summary["exact_match"] == sum(p == t for p, t in zip(predictions, targets)) / 8 == 0.0
+  assert f"held-out exact match: {summary['exact_match']:.3f}" in capsys.readouterr().out
 
 
 def test_three_layouts_give_the_same_losses(tmp_path, capsys):
