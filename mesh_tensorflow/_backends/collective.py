@@ -20,6 +20,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._backends import tf_collectives
 from mesh_tensorflow._backends.placement import PlacementMeshImpl
 from mesh_tensorflow._launch.cluster import Cluster
+from mesh_tensorflow._lowering import comm as comm_lib
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
 
 
@@ -159,10 +160,11 @@ class CollectiveMeshImpl(PlacementMeshImpl):
     if not self.is_multi_process:
       return super().combine_slices(slices, tensor_shape, device)
     x = self.LaidOutTensor(list(slices))
+    comm = comm_lib.for_backend(self)  # recorded as an event of the op the lowering charges
     for mesh_axis, tensor_axis in enumerate(
         self.tensor_layout(tensor_shape).mesh_axis_to_tensor_axis(self.ndims)):
       if tensor_axis is not None:
-        x = self.allconcat(x, mesh_axis, tensor_axis)
+        x = comm.allconcat(x, mesh_axis, tensor_axis, "combine_slices")
     with tf.device(device if device else self._devices[0]):
       return tf.identity(x.tensor_list[0])
 

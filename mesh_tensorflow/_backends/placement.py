@@ -18,6 +18,7 @@ and `benchmarks/bench_collectives.py` measure them):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import re
@@ -29,14 +30,12 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 from mesh_tensorflow._backends import cpu_contraction, ring_collectives, tf_collectives
 from mesh_tensorflow._backends.device_program import DeviceProgram
 from mesh_tensorflow._backends.sliced_variables import SlicedLaidOutVariable
+from mesh_tensorflow._backends.variable_policy import VariablePolicy
 from mesh_tensorflow._core.layout import processor_groups
 from mesh_tensorflow._lowering import laid_out
 from mesh_tensorflow._lowering.lazy import convert_args_to_laid_out_tensors
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
 from mesh_tensorflow._lowering.tf_helpers import parallel, transpose_list_of_lists
-from mesh_tensorflow._tf_compat import resource_variable_ops
-
-MASTERS = ("whole", "sliced")  # PlacementMeshImpl(masters=...)
 
 class PlacementMeshImpl(MeshImpl):
   """Mesh implementation for CPU/GPU device lists (one slice per device).
@@ -89,14 +88,8 @@ class PlacementMeshImpl(MeshImpl):
       raise ValueError(
           f"PlacementMeshImpl: mesh {self.shape} has {self.size} processors but {len(devices)} "
           f"devices were given ({devices}); pass exactly one device string per processor.")
-    if masters not in MASTERS:
-      raise ValueError(f"PlacementMeshImpl: masters={masters!r}; expected one of {MASTERS}.")
-    if masters == "sliced" and master_as_slice:
-      raise ValueError("PlacementMeshImpl: master_as_slice=True applies to whole masters; "
-                       "masters='sliced' keeps no master to use as a slice. Pass one of them.")
+    self._variable_policy = VariablePolicy(masters, master_as_slice)  # share_replicas: below
     self._cpus_of_one_process = cpus_of_one_process(devices)
-    self.master_as_slice = master_as_slice
-    self._masters = masters
     if masters == "sliced":
       self.LaidOutVariable = SlicedLaidOutVariable  # what Variable.lower builds, for this mesh
     self._fuse_slicewise = fuse_slicewise
@@ -107,8 +100,10 @@ class PlacementMeshImpl(MeshImpl):
     """The devices this process holds slices on, whether they share replicas, and their program."""
     self._devices = devices
     self._blocked_contractions = all_cpus(devices) and cpu_contraction.blocks_help()
-    self._share_replicas = cpus_of_one_process(devices) if share_replicas is None else share_replicas
-    self._program = DeviceProgram(devices, self._jit_compile, self._share_replicas)
+    if share_replicas is None:
+      share_replicas = cpus_of_one_process(devices)
+    self._variable_policy = dataclasses.replace(self._variable_policy, share_replicas=share_replicas)
+    self._program = DeviceProgram(devices, self._jit_compile, share_replicas)
 
   class LaidOutTensor(laid_out.LaidOutTensor):
     """One tf.Tensor per processor, in pnum order."""
@@ -135,12 +130,9 @@ class PlacementMeshImpl(MeshImpl):
       shape = variable.outputs[0].shape
       master_device = getattr(variable, "master_device", None) or ""
       slice_shape = mesh_impl.slice_shape(shape)
-      master_pnum = _processor_holding_master(variable, mesh_impl, slice_shape == shape.to_integer_list)
-      self._slice_is_master = mesh_impl.size == 1 and master_pnum == 0
-      if mesh_impl.share_replicas:
-        self._owners = _replica_owners(shape, mesh_impl, master_pnum)
-      else:
-        self._owners = list(range(len(mesh_impl.devices)))
+      parts = mesh_impl.variable_policy.parts_of(variable, mesh_impl)
+      master_pnum, self._slice_is_master, self._owners = (
+          parts.master_pnum, parts.slice_is_master, parts.owners)
       if self._slice_is_master:
         self._slices = [variable.get_master()]
         copies = (tf.no_op, tf.no_op)
@@ -215,12 +207,22 @@ class PlacementMeshImpl(MeshImpl):
     return self._devices
 
   @property
+  def variable_policy(self) -> VariablePolicy:
+    """Which TF variables each mtf Variable becomes (`_backends/variable_policy.py`)."""
+    return self._variable_policy
+
+  @property
   def share_replicas(self) -> bool:
     """Whether processors with equal slices share one slice variable and one computation of them.
 
     Unless set at construction: when this process's devices are all CPUs of one process.
     """
-    return self._share_replicas
+    return self._variable_policy.share_replicas
+
+  @property
+  def master_as_slice(self) -> bool:
+    """Whether a variable the layout leaves whole uses its master as a processor's slice."""
+    return self._variable_policy.master_as_slice
 
   def session_config(self, config: Optional[tf.ConfigProto] = None) -> tf.ConfigProto:
     """A copy of `config` (or a new ConfigProto) set up to run this mesh in a tf.Session.
@@ -233,7 +235,7 @@ class PlacementMeshImpl(MeshImpl):
   @property
   def masters(self) -> str:
     """"whole" (a master tf.Variable per variable) or "sliced" (checkpointed slices, no master)."""
-    return self._masters
+    return self._variable_policy.masters
 
   def fusing(self, is_needed=None):
     """While a Lowering runs: slicewise computations go into the per-device program.
@@ -342,46 +344,6 @@ class PlacementMeshImpl(MeshImpl):
   def import_tf_tensor(self, x, tf_x):
     return self.LaidOutTensor(self.make_slices(tf_x, x.shape))
 
-
-
-def _processor_holding_master(variable, mesh_impl, whole: bool):
-  """The pnum whose slice can be the master variable itself, or None.
-
-  That needs a whole (unsplit), unstacked slice of the master's dtype on the master's device; with
-  several processors the master must also be a resource variable, whose reads are snapshots that
-  later assignments cannot change.
-  """
-  master = variable.get_master()
-  master_device = getattr(variable, "master_device", None) or ""
-  if not whole or variable.master_dtype != variable.slice_dtype or getattr(variable, "is_stacked", False):
-    return None
-  if not mesh_impl.master_as_slice:  # one processor on the master's own device only
-    return 0 if mesh_impl.size == 1 and mesh_impl.devices[0] in ("", master_device) else None
-  if mesh_impl.size > 1 and not isinstance(master, resource_variable_ops.BaseResourceVariable):
-    return None
-  for pnum, device in enumerate(mesh_impl.devices):
-    if device == "" or (master_device and _canonical(device) == _canonical(master_device)):
-      return pnum
-  return None
-
-
-def _replica_owners(shape, mesh_impl, master_pnum=None) -> list:
-  """Per local processor, the local processor whose slice variable it uses.
-
-  That is the first one with an equal slice of `shape`; for master_pnum's replicas, master_pnum
-  (whose slice is the master).
-  """
-  pnums = mesh_impl.local_pnums
-  begins = [tuple(mesh_impl.slice_begin(shape, pnum)) for pnum in pnums]
-  owner = {} if master_pnum is None else {begins[master_pnum]: master_pnum}
-  return [owner.setdefault(begin, i) for i, begin in enumerate(begins)]
-
-
-def _canonical(device: str) -> tuple:
-  """(job, replica, task, type, index); eager's "/job:localhost/replica:0/task:0" means unqualified."""
-  spec = tf.DeviceSpec.from_string(device)
-  where = (None, None, None) if spec.job == "localhost" else (spec.job, spec.replica, spec.task)
-  return where + (spec.device_type, spec.device_index)
 
 
 def session_config_for_devices(devices: Sequence[str], config: Optional[tf.ConfigProto] = None,

@@ -17,9 +17,10 @@ from mesh_tensorflow import _tf_compat, tpu_variables
 from mesh_tensorflow._core.layout import (
     pnum_to_processor_coordinates, processor_coordinates_to_pnum, processor_groups)
 from mesh_tensorflow._lowering import laid_out
+from mesh_tensorflow._lowering.comm import allreduce_by_allconcat
 from mesh_tensorflow._lowering.lazy import convert_args_to_laid_out_tensors
 from mesh_tensorflow._lowering.mesh_impl import MeshImpl
-from mesh_tensorflow._lowering.tf_helpers import outside_all_rewrites, reduction_fn
+from mesh_tensorflow._lowering.tf_helpers import outside_all_rewrites
 
 
 def _tpu_ops():
@@ -40,6 +41,8 @@ class SimdMeshImpl(MeshImpl):
       auto_logical_to_physical_tpu / HierarchicalTiling). Default: the identity.
     allreduce_in_bfloat16_max_group_size: bfloat16 sums over larger groups run in float32.
   """
+
+  allreduce_reductions = ("SUM",)  # XLA's cross-replica sum; MAX and MIN are allconcats
 
   def __init__(self, shape, layout, devices=None, device_assignment=None,
                logical_to_physical: Optional[Sequence[int]] = None,
@@ -192,13 +195,9 @@ class SimdMeshImpl(MeshImpl):
     """Reduction over the processors that differ only along mesh_axes ("SUM", "MAX", "MIN")."""
     if not mesh_axes:
       return x
+    if reduction_fn_string not in self.allreduce_reductions:
+      return allreduce_by_allconcat(self, x, mesh_axes, reduction_fn_string, self.allconcat)
     x = x.to_laid_out_tensor()
-    if reduction_fn_string != "SUM":
-      reduce_fn = reduction_fn(reduction_fn_string)
-      for mesh_axis in mesh_axes:
-        stacked = self.allconcat(x, mesh_axis, 0, stack=True)
-        x = self.LaidOutTensor([reduce_fn(stacked.one_slice, 0)])
-      return x
     group_assignment = self._create_group_assignment(mesh_axes)
     t = x.one_slice
     dtype = t.dtype
@@ -215,8 +214,8 @@ class SimdMeshImpl(MeshImpl):
       t = tf.cast(t, dtype)
     return self.LaidOutTensor([t])
 
-  def allconcat(self, x, mesh_axis: int, concat_axis: int, stack: bool = False):
-    """Concatenation (or stacking) of the slices of a group along concat_axis, on every member.
+  def allconcat(self, x, mesh_axis: int, concat_axis: int):
+    """Concatenation of the slices of a group along concat_axis, on every member.
 
     Each member places its slice at its coordinate in a zero tensor; a SUM allreduce merges them.
     """
@@ -228,10 +227,9 @@ class SimdMeshImpl(MeshImpl):
     t = tf.expand_dims(t, concat_axis)
     mask_shape = [num_parts if i == concat_axis else 1 for i in range(len(old_shape) + 1)]
     t *= tf.reshape(tf.one_hot(coord, num_parts, dtype=t.dtype), mask_shape)
-    if not stack:
-      new_shape = list(old_shape)
-      new_shape[concat_axis] *= num_parts
-      t = tf.reshape(t, new_shape)
+    new_shape = list(old_shape)
+    new_shape[concat_axis] *= num_parts
+    t = tf.reshape(t, new_shape)
     return self.allreduce(self.LaidOutTensor([t]), [mesh_axis], "SUM")
 
   def alltoall(self, x, mesh_axis: int, split_axis: int, concat_axis: int):

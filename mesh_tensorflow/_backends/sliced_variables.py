@@ -31,8 +31,6 @@ and in either mode.
 
 from __future__ import annotations
 
-import zlib
-
 import tensorflow as tf2
 import tensorflow.compat.v1 as tf
 from mesh_tensorflow._tf_compat import saveable_object, saveable_object_util
@@ -134,12 +132,8 @@ class _SlicedVariable:
     shape = variable.shape
     slice_shape = mesh_impl.slice_shape(shape)
     devices = mesh_impl.devices
-    holders = {}  # slice_begin -> processors holding that slice
-    for pnum in range(len(devices)):
-      holders.setdefault(tuple(mesh_impl.slice_begin(shape, pnum)), []).append(pnum)
-    pick = zlib.crc32(variable.name.encode())
-    part_pnums = {begin: pnums[pick % len(pnums)] for begin, pnums in holders.items()}
-    self._part_pnum = {p: part_pnums[begin] for begin, pnums in holders.items() for p in pnums}
+    where = mesh_impl.variable_policy.parts_of(variable, mesh_impl)  # `variable_policy.py`
+    self._part_pnum = where.part_of
     initial_parts = _InitialParts(variable, mesh_impl)
 
     def new_variable(name, pnum, dtype, initialised):
@@ -151,22 +145,21 @@ class _SlicedVariable:
             initializer=initial_parts.initializer(pnum))
 
     # With share_replicas the processors holding a slice share its part; else each has a variable.
-    shared = mesh_impl.share_replicas
-    own = {pnum: new_variable("%s_slice_%d" % (variable.name, pnum), pnum, variable.slice_dtype,
+    own = {pnum: new_variable("%s_slice_%d" % (variable.name, pnum), pnum, where.slice_dtype,
                               self._part_pnum[pnum] == pnum)
-           for pnum in range(len(devices)) if not shared or self._part_pnum[pnum] == pnum}
-    self.slices = [own[pnum if pnum in own else self._part_pnum[pnum]] for pnum in range(len(devices))]
-    self._own_pnums = sorted(own)  # the processors holding a slice variable, each variable once
-    self.parts = {pnum: self.slices[pnum] for pnum in part_pnums.values()}  # each slice's part
+           for pnum in where.holders}
+    self.slices = [own[owner] for owner in where.owners]
+    self._own_pnums = where.holders  # the processors holding a slice variable, each variable once
+    self.parts = {pnum: self.slices[pnum] for pnum in where.parts}  # each slice's part
     self._checkpointed = []  # what stands in the master's collections: a part or its CastPart
-    for begin, pnum in part_pnums.items():
+    for pnum in where.parts:
       info = tf2.Variable.SaveSliceInfo(
-          variable.name, shape.to_integer_list, list(begin), slice_shape)
-      if variable.slice_dtype == variable.master_dtype:
+          variable.name, shape.to_integer_list, mesh_impl.slice_begin(shape, pnum), slice_shape)
+      if where.cast_on_save:
+        self._checkpointed.append(CastPart(self.parts[pnum], info, where.checkpoint_dtype))
+      else:
         self.parts[pnum]._set_save_slice_info(info)  # pylint: disable=protected-access
         self._checkpointed.append(self.parts[pnum])
-      else:
-        self._checkpointed.append(CastPart(self.parts[pnum], info, variable.master_dtype))
     master = variable.replace_master(self)
     if master is not None and not tf.executing_eagerly():
       _replace_in_collections(master, self._checkpointed)

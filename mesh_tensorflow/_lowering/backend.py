@@ -67,6 +67,7 @@ class Backend(Protocol):
   layout_rules: Any
   supports_control_dependencies: bool
   copy_master_to_slice_ops: list
+  allreduce_reductions: tuple  # the others: allconcats (comm.allreduce_by_allconcat)
   master_as_slice: bool  # variables: see `_backends/variable_policy.py`
   masters: str
   local_pnums: list

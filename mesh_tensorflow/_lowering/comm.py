@@ -3,7 +3,11 @@
 Op families never call a backend's collectives themselves. They ask the lowering for a
 `Communicator` bound to their op (`lowering.comm(op)`), which records one `CommEvent` per
 collective -- kind, mesh axes, group size, slice shape, dtype, bytes sent, the mtf op and the
-reason -- and then runs the backend primitive. `Lowering.counters` and
+reason -- and then runs the backend primitive. A reduction the backend cannot run as one
+collective (SIMD's MAX/MIN) is composed here of recorded allconcats (`allreduce_by_allconcat`),
+and the collectives a backend runs on its own -- gathering a whole tensor across processes for an
+export or a master copy -- go through `for_backend(mesh_impl)`, which the lowering binds to the op
+they serve with `charged_to`. `Lowering.counters` and
 `Lowering.communication_events` are both derived from these events, and a shape-only lowering
 (`mtf.dry_run`) records the same events without building any TF op.
 
@@ -14,6 +18,7 @@ P = processors).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable, Optional, Sequence
 
@@ -23,6 +28,7 @@ from mesh_tensorflow._core.dims import list_product
 from mesh_tensorflow._lowering import plan as plan_lib
 from mesh_tensorflow._lowering.plan import (
     ALLCONCAT, ALLREDUCE, ALLSPLIT, ALLTOALL, RECEIVE, bytes_sent)
+from mesh_tensorflow._lowering.tf_helpers import reduction_fn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,9 +99,17 @@ class Communicator:
         op_name=self.op_name, reason=reason, in_loop=self.in_loop))
 
   def allreduce(self, x, mesh_axes: Sequence[int], reduction_fn_string: str, reason: str):
-    """Reduces x over the processors that differ only along mesh_axes."""
+    """Reduces x over the processors that differ only along mesh_axes.
+
+    A reduction the backend does not run as one collective (not in its allreduce_reductions)
+    is recorded as what runs: an allconcat per mesh axis (see `allreduce_by_allconcat`).
+    """
     if not mesh_axes:
       return x
+    if reduction_fn_string not in self.mesh_impl.allreduce_reductions:
+      return allreduce_by_allconcat(
+          self.mesh_impl, x, mesh_axes, reduction_fn_string,
+          lambda y, mesh_axis, concat_axis: self.allconcat(y, mesh_axis, concat_axis, reason))
     x = x.to_laid_out_tensor()
     self._event(ALLREDUCE, x, mesh_axes, reason)
     return self.mesh_impl.allreduce(x, list(mesh_axes), reduction_fn_string)
@@ -143,6 +157,49 @@ class Communicator:
     """Partial sums over mesh_axes, allreduced (and recorded) only when first used."""
     from mesh_tensorflow._lowering.lazy import LazyAllreduceSum
     return LazyAllreduceSum(self.mesh_impl, x, list(mesh_axes), comm=self, reason=reason)
+
+
+def allreduce_by_allconcat(mesh_impl, x, mesh_axes: Sequence[int], reduction_fn_string: str,
+                           allconcat: Callable):
+  """A reduction over mesh_axes built from allconcats: for a backend whose allreduce only sums.
+
+  Per mesh axis, every processor stacks its group's slices on a new leading axis
+  (allconcat(x, mesh_axis, concat_axis) of the slices with that axis added) and reduces over it.
+  `allconcat` is the backend's (its own primitive) or a Communicator's (recorded).
+  """
+  reduce_fn = reduction_fn(reduction_fn_string)
+  for mesh_axis in mesh_axes:
+    stacked = allconcat(mesh_impl.slicewise(lambda t: tf.expand_dims(t, 0), x), mesh_axis, 0)
+    x = mesh_impl.slicewise(lambda t: reduce_fn(t, 0), stacked)
+  return x
+
+
+_charged = []  # Communicators that a backend's own collectives are charged to, innermost last
+
+
+@contextlib.contextmanager
+def charged_to(communicator: Communicator):
+  """Within it, collectives its mesh impl runs on its own are recorded by `communicator`.
+
+  The lowering wraps what makes a backend gather slices by itself (exporting a tensor, copying
+  slices to a master) so those collectives are events of the op they serve.
+  """
+  _charged.append(communicator)
+  try:
+    yield communicator
+  finally:
+    _charged.pop()
+
+
+def for_backend(mesh_impl) -> Communicator:
+  """The Communicator for collectives `mesh_impl` runs on its own (see `charged_to`).
+
+  Outside any `charged_to` for this mesh impl (no Lowering asked), one that records nothing.
+  """
+  for communicator in reversed(_charged):
+    if communicator.mesh_impl is mesh_impl:
+      return communicator
+  return Communicator(mesh_impl, lambda event: None, op_name="")
 
 
 def shift_sources(n: int, offset: int, wrap: bool) -> list:

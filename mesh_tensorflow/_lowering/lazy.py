@@ -15,8 +15,10 @@ class LazyAllreduceSum:
   """Partial sums over `mesh_axes`; reduced on first use by `to_laid_out_tensor()`.
 
   Created by `Communicator.lazy_allreduce_sum` (which passes `comm` and `reason`), the allreduce
-  is recorded as a communication event of the op that made the partial sums. `add_counter_fn` is
-  kept for callers that build one directly.
+  is recorded as a communication event of the op that made the partial sums; every
+  LazyAllreduceSum the package makes comes from there. Built directly with 0.1.21's arguments
+  (mesh_impl, laid_out_input, mesh_axes, add_counter_fn), as a custom op may, no communicator is
+  at hand: the backend's allreduce runs and add_counter_fn counts it, as in 0.1.21.
   """
 
   def __init__(self, mesh_impl, laid_out_input, mesh_axes, add_counter_fn: Callable | None = None,

@@ -157,7 +157,8 @@ class Lowering:
       A tf.Tensor of shape x.shape.to_integer_list (an EagerTensor in eager mode).
     """
     mesh_impl = self.mesh_impl(x)
-    return mesh_impl.export_to_tf_tensor(x, self.tensors[x].to_laid_out_tensor())
+    with comm_lib.charged_to(self.comm(x.operation)):  # gathers across processes are its events
+      return mesh_impl.export_to_tf_tensor(x, self.tensors[x].to_laid_out_tensor())
 
   def lowered_operation(self, op):
     """The TF op an mtf operation without outputs became (e.g. an optimizer's Assign).
@@ -202,7 +203,11 @@ class Lowering:
     return tf.group([v.copy_master_to_slices for v in self.variables.values()])
 
   def _build_copy_slices_to_masters(self):
-    return tf.group([v.copy_slices_to_master for v in self.variables.values()])
+    copies = []
+    for variable, laid_out_variable in self.variables.items():
+      with comm_lib.charged_to(self.comm(variable)):  # gathers across processes are its events
+        copies.append(laid_out_variable.copy_slices_to_master)
+    return tf.group(copies)
 
   def add_counter(self, key: str, value: int) -> None:
     assert isinstance(value, int)

@@ -58,6 +58,10 @@ class MeshImpl:
   def supports_control_dependencies(self) -> bool:
     return True
 
+  # The reductions `allreduce` runs as one collective; the communication layer builds the others
+  # from allconcats (`_lowering/comm.py`'s allreduce_by_allconcat), so its events say what runs.
+  allreduce_reductions = ("SUM", "MAX", "MIN")
+
   # Whether a variable the layout leaves whole uses its master as a slice (PlacementMeshImpl's
   # option; see `_backends/variable_policy.py`). No other backend does.
   master_as_slice = False

@@ -167,7 +167,13 @@ def test_dry_run_and_every_backend_record_the_same_events(family):
   events, _, _ = placement_events(build_fn, mesh_shape, layout)
   assert events, "each family's layout is chosen to communicate"
   assert dry_run_events(build_fn, mesh_shape, layout) == events
-  assert simd_events(build_fn, mesh_shape, layout) == events
+  # SIMD's allreduce only sums: its MAX/MIN are allconcats, recorded as such, as they would be on
+  # a placement mesh whose allreduce only summed.
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(mtf.placement_mesh_impl.PlacementMeshImpl, "allreduce_reductions", ("SUM",))
+    summing_only, _, _ = placement_events(build_fn, mesh_shape, layout)
+  assert (summing_only == events) == (family != "reduce")  # the one family reducing by MAX/MIN
+  assert simd_events(build_fn, mesh_shape, layout) == summing_only
 
 
 @pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"dense_training"}))
