@@ -117,5 +117,6 @@ def test_python_m_explain_prints_no_runtime_warning():
 
 def test_session_config_builds_where_the_os_has_no_cpu_affinity(monkeypatch):
   monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # macOS, Windows
+  monkeypatch.setattr(os, "cpu_count", lambda: 16)
   config = mtf.placement_mesh_impl.session_config_for_devices(cpu_devices(8))
-  assert config.intra_op_parallelism_threads == max(1, os.cpu_count() // 8)
+  assert config.intra_op_parallelism_threads == 2  # 16 cores shared by 8 devices
