@@ -214,8 +214,8 @@ class SimdMeshImpl(MeshImpl):
       t = tf.cast(t, dtype)
     return self.LaidOutTensor([t])
 
-  def allconcat(self, x, mesh_axis: int, concat_axis: int):
-    """Concatenation of the slices of a group along concat_axis, on every member.
+  def allconcat(self, x, mesh_axis: int, concat_axis: int, stack: bool = False):
+    """Concatenation (or, with stack, stacking) of a group's slices along concat_axis, on every member.
 
     Each member places its slice at its coordinate in a zero tensor; a SUM allreduce merges them.
     """
@@ -227,9 +227,10 @@ class SimdMeshImpl(MeshImpl):
     t = tf.expand_dims(t, concat_axis)
     mask_shape = [num_parts if i == concat_axis else 1 for i in range(len(old_shape) + 1)]
     t *= tf.reshape(tf.one_hot(coord, num_parts, dtype=t.dtype), mask_shape)
-    new_shape = list(old_shape)
-    new_shape[concat_axis] *= num_parts
-    t = tf.reshape(t, new_shape)
+    if not stack:
+      new_shape = list(old_shape)
+      new_shape[concat_axis] *= num_parts
+      t = tf.reshape(t, new_shape)
     return self.allreduce(self.LaidOutTensor([t]), [mesh_axis], "SUM")
 
   def alltoall(self, x, mesh_axis: int, split_axis: int, concat_axis: int):

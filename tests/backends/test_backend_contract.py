@@ -127,6 +127,15 @@ def test_alltoall_sends_the_jth_piece_to_the_jth_member(run, mesh_axis, split_ax
       np.testing.assert_array_equal(got[pnum], expected)
 
 
+@pytest.mark.parametrize("mesh_axis", [0, 1])
+def test_simd_allconcat_stacks_the_group_when_asked(mesh_axis):
+  xs = _inputs(6)
+  got = _simd_runner("", lambda impl, lo: impl.allconcat(lo(xs), mesh_axis, 1, stack=True))
+  for group in _groups([mesh_axis]):
+    for pnum in group:
+      np.testing.assert_array_equal(got[pnum], np.stack([xs[p] for p in group], 1))
+
+
 @pytest.mark.parametrize("offset,wrap", [(1, False), (-1, True), (3, True), (2, False)])
 def test_shift_by_n_processors_receives_from_the_processor_offset_before(run, offset, wrap):
   xs = _inputs(3)
