@@ -11,6 +11,7 @@ from mesh_tensorflow._core.layout import convert_to_layout_rules
 from mesh_tensorflow._cost import flops as flops_lib
 from mesh_tensorflow._cost import memory as memory_lib
 from mesh_tensorflow._cost import time_model as time_model_lib
+from mesh_tensorflow._lowering.dry_run import dry_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +87,6 @@ def estimate_cost(
   Raises:
     ValueError: the layout is invalid for the graph (see mtf.check_layout).
   """
-  from mesh_tensorflow._lowering.dry_run import dry_run
-
   mesh_shape = convert_to_shape(mesh_shape)
   layout_rules = convert_to_layout_rules(layout_rules)
   tm = time_model_lib.get_time_model(time_model).for_mesh(mesh_shape)

@@ -14,6 +14,7 @@ from typing import Callable, Optional, Sequence
 import tensorflow as tf2
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow._autodiff import gradients
 from mesh_tensorflow._core.graph import Graph, Mesh
 from mesh_tensorflow._lowering.lowering import Lowering
 from mesh_tensorflow._optimize.base import Optimizer
@@ -225,7 +226,6 @@ class TrainStep(MeshFunction):
 
 
 def _gradients(loss, variables: list) -> list:
-  from mesh_tensorflow._autodiff import gradients  # the autodiff imports the op families
   return gradients([loss], [v.outputs[0] for v in variables])
 
 

@@ -20,6 +20,7 @@ import sys
 from typing import Optional
 
 from mesh_tensorflow._cost import model as cost_model
+from mesh_tensorflow._explain import plots
 from mesh_tensorflow._explain import report as report_lib
 
 
@@ -80,8 +81,6 @@ def explain(
   print(text, file=file or sys.stdout)
   pictures = ()
   if plot_dir is not None:
-    from mesh_tensorflow._explain import plots
-
     if plot_tensors is None:
       variables = sorted(graph.trainable_variables, key=lambda v: -v.outputs[0].size)
       plot_tensors = [v.outputs[0] for v in variables[:3]]
