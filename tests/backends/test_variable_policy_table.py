@@ -106,5 +106,10 @@ def test_a_row_states_the_variables_the_backend_creates(row, tmp_path):
   # w's 2 distinct slices on 8 processors: shared iff fewer than 8 per-processor variables
   per_processor = len(set(parts["w"].owners))
   assert shared_cell in ("yes", "no") and (shared_cell == "yes") == (per_processor < 8)
+  for name, cell in (("w", w_cell), ("v", v_cell)):  # notes on whose slice the master is
+    if "(cpu:0's slice)" in cell:
+      assert parts[name].master_pnum == 0 and parts[name].owners[1:] == tuple(range(1, 8))
+    if "(every processor's slice)" in cell:
+      assert parts[name].master_pnum == 0 and parts[name].owners == (0,) * 8
   assert checkpoint == {"w": ([4, 8], "float32"), "v": ([8], "float32")}
   assert checkpoint_cell == "`w` [4, 8], `v` [8], float32"
