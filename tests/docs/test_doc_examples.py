@@ -6,8 +6,11 @@ it must set up what it needs (graph or eager mode, virtual devices, imports) as 
 it must print no warning or error (TensorFlow's own lines in TOLERATED aside). A block preceded by
 `<!-- fragment -->` is an excerpt and is skipped; at most MAX_FRAGMENT_SHARE of the blocks may be.
 Command lines (in sh/bash/console blocks, or after a `$ ` prompt) that run a repository script
-or module with Python are run with SHORT_SETTINGS appended; commands that install things are only checked
-to name existing scripts. New pages under docs/ are picked up automatically.
+or module with Python are run with SHORT_SETTINGS appended, and what the page says they print is
+checked: the lines shown after a `$ ` prompt (`...` skips lines) and STATED_OUTPUT. Commands that
+cannot run here (they install packages, need the network, a TPU or the whole suite) are skipped,
+each with its reason from NOT_RUN, after checking that the scripts they name exist. New pages under
+docs/ are picked up automatically.
 """
 
 from __future__ import annotations
@@ -38,28 +41,90 @@ SHORT_SETTINGS = {
     "benchmarks/bench_classifier.py": ["--steps", "2", "--warmup", "1", "--batch_size", "32",
                                        "--hidden", "32", "--lowering_devices", "1,8"],
     "scripts/lost_peer_loop.py": ["--rounds", "1"],
-    # The Transformer example and driver: two steps of a one-layer model of width 16.
+    # The Transformer example and driver: two steps of a one-layer model of width 16, a progress
+    # line (the loss) after each.
     "examples.transformer.train": ["--train_steps", "2", "--gin_param", "num_layers = 1", "--gin_param",
                                    "d_model = 16", "--gin_param", "d_ff = 32", "--gin_param",
                                    "utils.run.perplexity_eval_steps = 1", "--gin_param",
+                                   "utils.run.iterations_per_loop = 1", "--gin_param",
                                    "data.transduction_dataset.num_eval_examples = 8"],
     "mesh_tensorflow.transformer.main": ["--gin_param=utils.run.train_steps = 2",
                                          "--gin_param=num_layers = 1", "--gin_param=d_model = 16",
-                                         "--gin_param=d_ff = 32"],
+                                         "--gin_param=d_ff = 32",
+                                         "--gin_param=utils.run.iterations_per_loop = 1"],
 }
 
-# Documented commands this test does not run, by their first words, and why.
+# Documented commands this test does not run (it skips them, saying why), by their first words.
 NOT_RUN = {
-    ("python3", "-m", "venv"): "creates a virtual environment",
-    ("pip", "install"): "installs packages",
-    (".venv/bin/pip", "install"): "installs packages",
-    ("bash", "scripts/setup_env.sh"): "installs packages",
-    ("bash", "scripts/run_tests.sh"): "installs packages and runs the whole test suite",
-    ("bash", "scripts/run_example.sh"): "installs packages, then runs the main example",
-    ("bash", "scripts/build_api_docs.sh"): "run by tests/docs/test_api_reference.py",
-    ("bash", "scripts/setup_original.sh"): "downloads mesh-tensorflow 0.1.21 from PyPI",
+    ("pip", "install"): "installs packages from PyPI: needs the network",
+    (".venv/bin/pip", "install"): "installs packages from PyPI: needs the network",
+    ("bash", "scripts/setup_env.sh"): "installs packages from PyPI: needs the network",
+    ("bash", "scripts/run_tests.sh"): "installs packages (network), then runs the whole suite, this test "
+                                      "included",
+    ("bash", "scripts/run_example.sh"): "installs packages (network) first; the example it then runs is the "
+                                        "`python -m examples.transformer.train` commands, run here",
+    ("bash", "scripts/build_api_docs.sh"): "run, and its pages checked, by tests/docs/test_api_reference.py",
+    ("bash", "scripts/setup_original.sh"): "downloads mesh-tensorflow 0.1.21 from PyPI: needs the network",
     (".venv/bin/python", "-m", "pytest", "-q", "-s", "tests/differential"):
-        "needs the original (scripts/setup_original.sh) and runs for minutes",
+        "needs the original from PyPI (scripts/setup_original.sh: network) and runs for minutes",
+}
+NEEDS_A_TPU = "needs a Cloud TPU (tests/transformer/test_tpu_path.py covers what runs without one)"
+
+# Documented commands that write into the folder they run in: run from a temporary folder.
+IN_A_TEMPORARY_FOLDER = {("python3", "-m", "venv")}
+
+
+def _first_losses_agree(output: str) -> None:
+  """bench_transformer.py's table: every case starts from the same first loss (the page: "the
+  first losses agree to 4 decimals")."""
+  losses = re.findall(r"^\| [^|]+ \|.* \| (\d+\.\d{4}) \|$", output, re.M)
+  assert len(losses) >= 2 and set(losses) == {"7.4020"}, losses
+
+
+def _training_loss_falls(output: str) -> None:
+  """The driver's progress lines (one a step at the short settings): the loss falls."""
+  losses = [float(loss) for loss in re.findall(r"^step +\d+/\d+  loss (\d+\.\d+)  ", output, re.M)]
+  assert len(losses) == 2 and losses[1] < losses[0], f"training losses {losses}"
+
+
+def _both_tasks_print_the_pages_step_1_loss(output: str) -> None:
+  """The launcher's example: "prints lines such as `[0] step 1 loss 1.551979` and `[1] step 1 loss
+  1.551979`": each task its rank, the same loss, the page's to float rounding between CPUs."""
+  losses = dict(re.findall(r"^\[([01])\] step 1 loss (\d+\.\d{6})$", output, re.M))
+  assert sorted(losses) == ["0", "1"] and losses["0"] == losses["1"], output[-3000:]
+  assert abs(float(losses["0"]) - 1.551979) < 1e-4, losses
+
+
+def _stated(*patterns) -> tuple:
+  return tuple(re.compile(p, re.M) for p in patterns)
+
+
+# What a page says a documented command prints, by (page, script or module): regular expressions
+# the output must match (at the short settings), or functions of the output that assert.
+HELD_OUT_BITS = r"^held-out bits per byte: \d\.\d{3} \(step 2, [\d,]+ held-out bytes\)$"
+STATED_OUTPUT = {
+    ("README.md", "examples.transformer.train"): _stated(   # "ends with held-out bits per byte, ..."
+        HELD_OUT_BITS, r"^greedy: ", r"^sampled: ",
+        r"^(loss curve: .*loss_curve\.png|matplotlib is not installed)") + (_training_loss_falls,),
+    ("transformer.md", "examples.transformer.train"): _stated(
+        r"^task (lm|reverse): mesh 'batch:2,model:4'",
+        r"^(held-out bits per byte: \d\.\d{3} \(step 2|held-out exact match: [01]\.\d{3}$)")
+    + (_training_loss_falls,),
+    ("transformer.md", "mesh_tensorflow.transformer.main"): (_training_loss_falls,),
+    ("random_numbers.md", "mesh_tensorflow.transformer.main"): (_training_loss_falls,),
+    ("choosing_layouts.md", "mesh_tensorflow.explain"): _stated(
+        r"^fits: yes \(0\.00 GB of 34\.36 GB per processor\)$",
+        r"^predicted: 474,567 tokens/s, 0\.0% of peak FLOP/s$",
+        r"^WARNING: a sequence-split attention layout: the rule length:model makes 49,926 bytes per "
+        r"processor"),
+    ("multi_process.md", "mesh_tensorflow.launch"): (_both_tasks_print_the_pages_step_1_loss,),
+    ("multi_process.md", "scripts/lost_peer_loop.py"): _stated(r"^  1  LostPeerError naming task 1$"),
+    ("multi_process.md", "benchmarks/bench_multiprocess.py"): _stated(
+        r"^first and last losses of every split and process agree", r"\| 7\.40201 \| [\d.]+ \|$"),
+    ("multi_process.md", "benchmarks/bench_collectives.py"): _stated(
+        *(rf"^{name} +\d+x\[[\d, ]+\] +(ring|tf_collective|direct) +[\d.]+ +[\d.]+$"
+          for name in ("allreduce", "allconcat", "alltoall", "shift"))),
+    ("performance.md", "benchmarks/bench_transformer.py"): (_first_losses_agree,),
 }
 
 
@@ -210,40 +275,99 @@ E0512 11:18:24.123456 1234 main.py:12] an absl error from Python
       "E0512 11:18:24.123456 1234 mai"]
 
 
+def prompt_outputs(block: Block) -> dict:
+  """{command line: the output lines the page shows after it} for the `$ ` prompts of a block."""
+  outputs, current = {}, None
+  for line in block.code.splitlines():
+    if line.startswith("$ "):
+      current = outputs.setdefault(line[2:].strip(), [])
+    elif current is not None and line.strip():
+      current.append(line.rstrip())
+  return outputs
+
+
+def assert_shown_lines_printed(shown: list, output: str, where: str) -> None:
+  """Each line the page shows is printed, in that order; a `...` line stands for any lines."""
+  printed = [line.rstrip() for line in output.splitlines()]
+  position = 0
+  for line in shown:
+    if line.strip() == "...":
+      continue
+    assert line in printed[position:], f"{where}: the page shows {line!r}, which the command did not print"
+    position = printed.index(line, position) + 1
+
+
 def command_id(x) -> str:
   return x.where if isinstance(x, Block) else " ".join(x)
 
 
 @pytest.mark.parametrize("block,argv", commands(all_blocks()), ids=command_id)
-def test_command_runs(block, argv, tmp_path):
+def test_command_runs_and_prints_what_the_page_says(block, argv, tmp_path):
   why_not_run = next((why for words, why in NOT_RUN.items() if tuple(argv[:len(words)]) == words), None)
   if any(arg.startswith("--tpu=") for arg in argv):
-    why_not_run = "needs a Cloud TPU (tests/transformer/test_tpu_path.py covers what runs without one)"
+    why_not_run = NEEDS_A_TPU
   if why_not_run is not None:
-    scripts = [ROOT / word for word in argv if word.endswith((".sh", ".py"))]
-    for script in scripts:
+    for script in [ROOT / word for word in argv if word.endswith((".sh", ".py"))]:
       assert script.is_file(), f"{block.where}: {script} does not exist"
       if script.suffix == ".sh":
         subprocess.run(["bash", "-n", str(script)], check=True)
-    return
+    pytest.skip(f"not run: {why_not_run}")
   assert argv[0] in PYTHONS and len(argv) > 1, (
       f"{block.where}: don't know how to run {argv}; make it `python <script>` or add it to NOT_RUN")
+  if tuple(argv[:3]) in IN_A_TEMPORARY_FOLDER:
+    run([sys.executable] + argv[1:], cwd=tmp_path)
+    assert (tmp_path / argv[-1] / "bin" / "python").exists(), f"{block.where}: no interpreter in {argv[-1]}"
+    return
   if argv[1] == "-m":   # python -m package.module ...: SHORT_SETTINGS are keyed by the module name
     script = argv[2]
   else:
     script = argv[1]
     assert (ROOT / script).is_file(), f"{block.where}: {script} does not exist"
-  run(with_model_dir([sys.executable] + argv[1:] + SHORT_SETTINGS.get(script, []), tmp_path / "model_dir"),
-      cwd=ROOT)
+  result = run(with_model_dir([sys.executable] + argv[1:] + SHORT_SETTINGS.get(script, []),
+                              tmp_path / "model_dir"), cwd=ROOT)
+  output = result.stdout + "\n" + result.stderr
+  shown = prompt_outputs(block).get(shlex.join(argv)) if block.language not in SHELL_LANGUAGES else None
+  if shown:
+    assert_shown_lines_printed(shown, output, block.where)
+  for check in STATED_OUTPUT.get((block.page.name, script), ()):
+    if callable(check):
+      check(output)
+    else:
+      assert check.search(output), (
+          f"{block.where}: the page says it prints /{check.pattern}/; it printed:\n{output[-3000:]}")
 
 
-def test_few_python_blocks_are_fragments():
+# Every Python block marked as a fragment (not run), by page and first line, and why it cannot run
+# as a program of its own; what it shows is run elsewhere.
+FRAGMENTS = {
+    ("several_hosts.md", "server = tf.distribute.Server("):
+        "runs on each real host and serves until killed (server.join()); the page's complete program "
+        "starts the same server in-process, and tests/backends/test_cluster_devices.py runs it",
+    ("spatial_partitioning.md", "x = mtf.halo_exchange(x, hb_dim, h_dim, fh // 2)"):
+        "the three lines of the pattern; examples/spatial_conv.py (run above as the page's command) is "
+        "the complete program, and tests/ops/test_conv.py checks it against whole-image convolutions",
+    ("tf2.md", "evaluate = module.function("):
+        "continues the page's complete program (its module, loss_fn); tests/tf2/test_train_step.py "
+        "runs functions other than the step on a module's variables",
+    ("transformer.md", "with tf.compat.v1.Session(graph=tf.Graph()) as session:"):
+        "continues the export program before it (its export_dir); tests/transformer/test_export_serving.py "
+        "loads the SavedModel in a TF1 session the same way",
+}
+
+
+def test_few_python_blocks_are_fragments_and_each_says_why():
   blocks = python_blocks()
-  fragments = [b.where for b in blocks if b.fragment]
+  fragments = [b for b in blocks if b.fragment]
   assert len(blocks) >= 10, "the pages lost their examples?"
   assert len(fragments) <= MAX_FRAGMENT_SHARE * len(blocks), (
-      f"{len(fragments)} of {len(blocks)} Python blocks are marked as fragments ({fragments}); "
-      f"make some of them complete programs")
+      f"{len(fragments)} of {len(blocks)} Python blocks are marked as fragments "
+      f"({[b.where for b in fragments]}); make some of them complete programs")
+  def listed_as(block):
+    return next((key for key in FRAGMENTS
+                 if key[0] == block.page.name and block.code.lstrip().startswith(key[1])), None)
+  unexplained = [b.where for b in fragments if listed_as(b) is None]
+  assert not unexplained, f"fragments {unexplained}: add each to FRAGMENTS, saying why it cannot run"
+  assert sorted(map(listed_as, fragments)) == sorted(FRAGMENTS), "FRAGMENTS lists blocks no longer marked"
 
 
 def test_block_reader_sees_fences_languages_and_fragment_marks(tmp_path):
@@ -268,3 +392,13 @@ def test_documented_model_dirs_are_replaced_by_a_temporary_folder(tmp_path):
   argv = ["python", "-m", "m", "--model_dir", "/tmp/a", "--model_dir=/tmp/b", "--x", "1"]
   assert with_model_dir(argv, tmp_path) == [
       "python", "-m", "m", "--model_dir", str(tmp_path), f"--model_dir={tmp_path}", "--x", "1"]
+
+
+def test_lines_shown_after_a_prompt_must_be_printed_in_order():
+  page_block = Block(ROOT / "page.md", 1, "", "$ python a.py --n 2\nstep 0: 1.5\n...\nOK\n", False)
+  shown = prompt_outputs(page_block)["python a.py --n 2"]
+  assert shown == ["step 0: 1.5", "...", "OK"]
+  assert_shown_lines_printed(shown, "start\nstep 0: 1.5\nstep 1: 1.2\nOK\n", "page.md:1")
+  for printed in ("step 0: 1.5\nstep 1: 1.2\n", "OK\nstep 0: 1.5\n", "step 0: 1.50\nOK\n"):
+    with pytest.raises(AssertionError, match="the page shows"):
+      assert_shown_lines_printed(shown, printed, "page.md:1")
