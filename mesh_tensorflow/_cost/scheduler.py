@@ -39,12 +39,12 @@ def _list_schedule(graph) -> list:
     for t in inputs[op]:
       users[t].append(op)
   ids = {op: i for i, op in enumerate(names)}
+  size = {t: graph.get_tensor_size(t) for op in names for t in outputs[op]}  # asked once per tensor
+  final = {t for t in size if graph.is_tensor_final(t)}
 
   def net_bytes_freed(op):
-    freed = sum(
-      graph.get_tensor_size(t) for t in inputs[op] if pending_users[t] == 1 and not graph.is_tensor_final(t)
-    )
-    allocated = sum(graph.get_tensor_size(t) for t in outputs[op] if users[t] or graph.is_tensor_final(t))
+    freed = sum(size[t] for t in inputs[op] if pending_users[t] == 1 and t not in final)
+    allocated = sum(size[t] for t in outputs[op] if users[t] or t in final)
     return freed - allocated
 
   ready = [op for op in names if waiting_on[op] == 0]

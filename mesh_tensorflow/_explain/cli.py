@@ -10,10 +10,33 @@ import argparse
 import sys
 
 from mesh_tensorflow._cost import time_model as time_model_lib
-from mesh_tensorflow._explain.transformer_graph import build_transformer_graph
+from mesh_tensorflow._explain import search as search_lib
+from mesh_tensorflow._explain.transformer_graph import build_transformer_graph, configured_num_layers
 from mesh_tensorflow.auto_mtf import api as auto_mtf_api
 from mesh_tensorflow.explain import __doc__ as USAGE
 from mesh_tensorflow.explain import explain
+
+
+def _search_deep(args, bindings: list) -> None:
+  """--search on a Transformer deeper than the search depths: built at those, costs extrapolated."""
+  import gin
+  import tensorflow.compat.v1 as tf
+
+  def build(num_layers: int) -> tuple:
+    gin.clear_config()
+    with tf.Graph().as_default():
+      graph, loss = build_transformer_graph(
+        args.gin_file, [*bindings, f"num_layers = {num_layers}"], args.batch, args.length, args.vocab_size
+      )
+    return graph, [loss]
+
+  search_lib.search_deep_model(
+    build,
+    configured_num_layers(args.gin_file, bindings),
+    args.mesh_shape,
+    time_model_lib.get_time_model(args.time_model),
+    tokens_per_step=args.batch * args.length,
+  )
 
 
 def main(argv=None) -> int:
@@ -40,6 +63,9 @@ def main(argv=None) -> int:
   if not args.search and not args.layout:
     parser.error("give --layout, or --search to find one")
   bindings = args.gin_param + (["LayerStack.recompute_grads = True"] if args.remat else [])
+  if args.search and configured_num_layers(args.gin_file, bindings) > search_lib.SEARCH_DEPTHS[1]:
+    _search_deep(args, bindings)  # plan a deep model from two shallow copies of it
+    return 0
   graph, loss = build_transformer_graph(args.gin_file, bindings, args.batch, args.length, args.vocab_size)
   layout = args.layout
   if args.search:

@@ -38,15 +38,8 @@ def build_transformer_graph(
   from mesh_tensorflow.transformer import utils
   from mesh_tensorflow.transformer._train import model_fn
   from mesh_tensorflow.transformer._train import run as _run  # noqa: F401  (registers utils.run)
-  from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
 
-  gin_dir = packaged_gin_dir()
-  with gin.unlock_config():
-    gin.parse_config_file(os.path.join(gin_dir, "defaults.gin"))
-    for f in gin_files:
-      packaged = os.path.join(gin_dir, f)
-      gin.parse_config_file(packaged if os.path.exists(packaged) else f)
-    gin.parse_config("\n".join(gin_bindings))
+  _parse_gin(gin_files, gin_bindings)
   try:
     model_type = gin.query_parameter("utils.run.model_type")
   except ValueError:
@@ -66,6 +59,29 @@ def build_transformer_graph(
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
     _optimizer().apply_grads(grads, variables)
   return graph, loss
+
+
+def configured_num_layers(gin_files: Sequence[str], gin_bindings: Sequence[str] = ()) -> int:
+  """The `num_layers` macro the gin files and bindings set (defaults.gin: 6)."""
+  import gin
+
+  _parse_gin(gin_files, gin_bindings)
+  return int(gin.query_parameter("%num_layers"))
+
+
+def _parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
+  """Parses defaults.gin, then `gin_files` (package gin directory first), then `gin_bindings`."""
+  import gin
+
+  from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
+
+  gin_dir = packaged_gin_dir()
+  with gin.unlock_config():
+    gin.parse_config_file(os.path.join(gin_dir, "defaults.gin"))
+    for f in gin_files:
+      packaged = os.path.join(gin_dir, f)
+      gin.parse_config_file(packaged if os.path.exists(packaged) else f)
+    gin.parse_config("\n".join(gin_bindings))
 
 
 def _optimizer():

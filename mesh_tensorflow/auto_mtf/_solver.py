@@ -14,6 +14,7 @@ loaded TensorFlow 2.21, and a MILP cannot express the max-over-schedule memory p
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
@@ -24,6 +25,7 @@ import numpy as np
 from mesh_tensorflow._core.dims import Shape
 from mesh_tensorflow._core.layout import convert_to_layout_rules
 from mesh_tensorflow._cost import flops as flops_lib
+from mesh_tensorflow._cost import graph_interface, scheduler
 from mesh_tensorflow._cost import model as cost_model
 from mesh_tensorflow._lowering import plan as plan_lib
 
@@ -82,6 +84,7 @@ class Problem:
         names = [n for n in t.shape.dimension_names if n in self._index]
         self.conflicts.update(itertools.combinations(sorted(names), 2))
     self.schedule = schedule
+    self._memory_steps = None
     self._reshape_memo = {}
     self._ceil_table = self._ceil_correction_table(graph)
 
@@ -229,44 +232,116 @@ class Problem:
   def _signature(self, tensor) -> tuple:
     return tuple(sorted(set(tensor.shape.dimension_names) & set(self.dims)))
 
-  def _memory(self, rows: np.ndarray) -> np.ndarray:
-    from mesh_tensorflow.auto_mtf import graph_interface, scheduler
+  def memory_steps(self) -> tuple:
+    """(steps x signatures bytes of activations live at each scheduled op, signatures' variable bytes).
 
-    interface = graph_interface.GraphInterface(self.graph)
-    for t in self.outputs:
-      interface.set_tensor_final(t.name)
+    A signature is the set of splittable dimension names of a tensor: every tensor of one
+    signature shrinks by the same factor under a layout. Tensors are allocated when their op runs
+    and freed after their last consumer, as the cost model's memory estimate counts them
+    (`_cost.memory._memory_contents`, tensors told apart by identity); the live bytes are kept as
+    one running vector, so this is linear in the number of ops. Dominated steps (no more bytes of
+    any signature than another step) cannot be a peak and are dropped.
+    """
+    if self._memory_steps is None:
+      self._memory_steps = self._compute_memory_steps()
+    return self._memory_steps
+
+  def _compute_memory_steps(self) -> tuple:
+    operations = self.graph.operations
     if self.schedule is None:
-      self.schedule = scheduler.minimize_peak_memory(interface, "LIST")
-    variables = {v.outputs[0].name: v for v in self.graph.all_variables}
-    tensors = {t.name: t for op in self.graph.operations for t in op.outputs}
-    signatures, var_row = {}, {}
-    for t in tensors.values():
-      signatures.setdefault(self._signature(t), len(signatures))
-    steps = []
-    for contents in interface.compute_memory_contents_under_schedule(self.schedule):
-      step = np.zeros(len(signatures))
-      for name in contents:
-        if name not in variables:
-          t = tensors[name]
-          step[signatures[self._signature(t)]] += (
-            t.size * t.dtype.size
-          )
-      steps.append(step)
-    for name in variables:
-      t = tensors[name]
-      key = signatures[self._signature(t)]
-      var_row[key] = var_row.get(key, 0) + t.size * t.dtype.size
-    steps = np.unique(np.array(steps), axis=0) if steps else np.zeros((1, len(signatures)))
-    groups = np.array([self._indicator(sig) for sig in signatures]).T
-    inverse = np.exp(-self._log_shrink(rows, groups))  # candidates x signatures
+      self.schedule = memory_schedule(self.graph, self.outputs)
+    variables = {v.outputs[0] for v in self.graph.all_variables}
+    signatures = {}
+    tensor_sig, tensor_bytes = {}, {}
+    for op in operations:
+      for t in op.outputs:
+        tensor_sig[t] = signatures.setdefault(self._signature(t), len(signatures))
+        tensor_bytes[t] = t.size * t.dtype.size
     var_vec = np.zeros(len(signatures))
-    for k, b in var_row.items():
-      var_vec[k] = b
+    for t in variables:
+      var_vec[tensor_sig[t]] += tensor_bytes[t]
+    uses = collections.Counter(t for op in operations for t in op.inputs)
+    uses.update(self.outputs)
+    live, current, steps = set(), np.zeros(len(signatures)), []
+
+    def free(t):
+      if t in live:
+        live.discard(t)
+        current[tensor_sig[t]] -= tensor_bytes[t]
+
+    for index in self.schedule:
+      op = operations[index]
+      for t in op.outputs:
+        if t not in variables and t not in live:
+          live.add(t)
+          current[tensor_sig[t]] += tensor_bytes[t]
+      steps.append(current.copy())
+      for t in op.outputs:
+        if uses[t] == 0:
+          free(t)
+      for t in op.inputs:
+        uses[t] -= 1
+        if uses[t] == 0:
+          free(t)
+    steps = _undominated(np.unique(np.array(steps), axis=0)) if steps else np.zeros((1, len(signatures)))
+    groups = np.array([self._indicator(sig) for sig in signatures]).reshape(len(signatures), len(self.dims))
+    return steps, var_vec, groups.T
+
+  def _memory(self, rows: np.ndarray) -> np.ndarray:
+    steps, var_vec, groups = self.memory_steps()
+    inverse = np.exp(-self._log_shrink(rows, groups))  # candidates x signatures
     peak = np.zeros(len(rows))
     for start in range(0, len(rows), 4096):
       chunk = inverse[start : start + 4096]
       peak[start : start + 4096] = (chunk @ steps.T).max(axis=1) + chunk @ var_vec
     return peak
+
+  # --- exact costs -------------------------------------------------------------------------------
+  def cost_report(self, assignment: dict) -> cost_model.CostReport:
+    """The cost model's report of `assignment` (a dry run); ValueError if the lowering rejects it."""
+    self.memory_steps()  # fixes the schedule
+    return cost_model.estimate_cost(
+      self.graph, self.mesh_shape, list(assignment.items()), self.outputs, self.time_model,
+      schedule=self.schedule,
+    )
+
+  def memory_report(self, assignment: dict):
+    """The cost model's memory report of `assignment` (no dry run)."""
+    self.memory_steps()
+    return cost_model.memory_lib.estimate_memory(
+      self.graph, self.mesh_shape, list(assignment.items()), self.outputs, schedule=self.schedule
+    )
+
+  def dimension_sizes(self) -> dict:
+    return {d.name: d.size for op in self.graph.operations for t in op.outputs for d in t.shape.dims}
+
+
+def memory_schedule(graph, outputs=()) -> list:
+  """The op order the memory estimate uses: the LIST schedule, or graph order for recomputed layers.
+
+  A graph built with mtf.recompute_grad repeats op names (recomputed ops keep their originals'
+  names), which a name-keyed schedule would mix up; graph order recomputes each layer when its
+  gradient arrives, as `_cost.memory.estimate_memory` does for such graphs.
+  """
+  if len({op.name for op in graph.operations}) < len(graph.operations):
+    return list(range(len(graph.operations)))
+  interface = graph_interface.GraphInterface(graph)
+  for t in outputs:
+    interface.set_tensor_final(t.name)
+  return scheduler.minimize_peak_memory(interface, "LIST")
+
+
+def _undominated(steps: np.ndarray) -> np.ndarray:
+  """The rows of `steps` that no other row bounds from above in every column (the possible peaks).
+
+  For any non-negative weights, max over rows of weights . row is attained on these rows.
+  """
+  order = np.argsort(-steps.sum(axis=1), kind="stable")
+  kept = np.zeros((0, steps.shape[1]))
+  for row in steps[order]:
+    if not (kept >= row).all(axis=1).any():
+      kept = np.vstack([kept, row])
+  return kept
 
 
 class AnyAssignment:
@@ -293,8 +368,11 @@ def estimated_step_s(problem: Problem, assignment: dict) -> float:
   return float(seconds[0]) + len(problem.graph.operations) * problem.time_model.op_overhead_s
 
 
-def search(problem: Problem, memory_limit_bytes: Optional[float] = None, top_k: int = 4) -> Solution:
+def search(problem, memory_limit_bytes: Optional[float] = None, top_k: int = 4) -> Solution:
   """The best layout of `problem`: estimate every assignment, cost the top_k exactly, keep the best.
+
+  `problem` is a Problem, or anything with its enumeration, `estimate` and `cost_report` (such as
+  `depth.DepthProblem`, which extrapolates a layer stack's costs to its full depth).
 
   Raises:
     NoLayoutFits: no layout keeps a processor within memory_limit_bytes.
@@ -333,14 +411,11 @@ def search(problem: Problem, memory_limit_bytes: Optional[float] = None, top_k: 
   return best
 
 
-def _costed(problem: Problem, row, estimated_s, estimated_memory) -> Optional[Solution]:
+def _costed(problem, row, estimated_s, estimated_memory) -> Optional[Solution]:
   """The Solution of `row` with its exact cost report, or None if an op's lowering rejects it."""
   assignment = problem.to_assignment(row)
   try:
-    report = cost_model.estimate_cost(
-      problem.graph, problem.mesh_shape, list(assignment.items()), problem.outputs, problem.time_model,
-      schedule=problem.schedule,
-    )
+    report = problem.cost_report(assignment)
   except (ValueError, NotImplementedError):  # the estimate can't foresee every op's layout limits
     return None
   return Solution(assignment, float(estimated_s), float(estimated_memory), report)
@@ -357,13 +432,11 @@ class SolverError(ValueError):
 class NoLayoutFits(SolverError):
   """No layout keeps one processor's memory under the limit."""
 
-  def __init__(self, problem: Problem, limit: float, smallest_row):
+  def __init__(self, problem, limit: float, smallest_row):
     assignment = problem.to_assignment(smallest_row)
-    report = cost_model.memory_lib.estimate_memory(
-      problem.graph, problem.mesh_shape, list(assignment.items()), problem.outputs, schedule=problem.schedule
-    )
+    report = problem.memory_report(assignment)
     largest = ", ".join(f"{n} ({b:,} bytes)" for n, b in report.largest[:3])
-    sizes = {d.name: d.size for op in problem.graph.operations for t in op.outputs for d in t.shape.dims}
+    sizes = problem.dimension_sizes()
     mesh = {d.name: d.size for d in problem.mesh_shape.dims}
     stuck = sorted(n for n in sizes if not n.startswith("_anonymous_") and n not in problem.dims)
     super().__init__(
@@ -375,5 +448,6 @@ class NoLayoutFits(SolverError):
       f"dimension ({mesh}) can split: {', '.join(f'{n}:{sizes[n]}' for n in stuck) or 'none'}. Use more "
       f"processors, smaller batch or sizes divisible by the mesh dimensions, or fewer outputs kept."
     )
+    self.assignment = assignment  # the layout with the least memory
     self.excess_bytes = report.total_bytes - limit
     self.report = report

@@ -59,7 +59,10 @@ class LayoutOptimizer:
     self._memory_estimator = memory_estimator
     self._graph = memory_estimator.get_graph_interface()
     self._memory_limit_bytes = memory_limit_bytes
-    schedule = scheduler.minimize_peak_memory(self._graph, scheduler_alg)
+    if scheduler_alg == "LIST":  # graph order for a graph with recomputed layers, as the cost model
+      schedule = _solver.memory_schedule(memory_estimator.mtf_graph, memory_estimator.mtf_outputs)
+    else:
+      schedule = scheduler.minimize_peak_memory(self._graph, scheduler_alg)
     self._model = _solver.Problem(
       memory_estimator.mtf_graph,
       memory_estimator.mesh_shape,
