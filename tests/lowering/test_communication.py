@@ -243,10 +243,13 @@ def test_dry_run_reports_per_processor_bytes_of_variables_slots_and_activations(
   with tf.Graph().as_default():
     graph, mesh, _ = _build(FAMILIES["dense_training"][0])
     result = mtf.dry_run(graph, "x:2;y:4", "b:x;i:y")
+    replicated = mtf.dry_run(graph, "x:2;y:4", "")
   # kernel [i=8, j=4] split 4 ways on i: 2 * 4 floats per processor; bias [j=4] whole.
   assert result.variable_bytes == (2 * 4 + 4) * 4
   assert result.slot_bytes == 2 * result.variable_bytes  # Adam's m and v
-  assert result.activation_bytes > 0
+  # Activations split over b (2 ways) and i (4 ways) take a processor at most half the bytes of
+  # the replicated ones (those along j are split over b only).
+  assert 0 < result.activation_bytes <= replicated.activation_bytes / 2
   assert result.bytes_sent == sum(e.bytes_sent for e in result.events)
 
 
