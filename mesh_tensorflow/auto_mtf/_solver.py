@@ -403,6 +403,13 @@ def search(problem, memory_limit_bytes: Optional[float] = None, top_k: int = 4) 
     fitting += 1
     if best is None or candidate.key < best.key:
       best = candidate
+  if best is None and memory_limit_bytes is not None:  # the fastest all exceed it: the leanest next
+    tried = set(order[:attempts])
+    for i in [i for i in np.argsort(memory, kind="stable") if fits[i] and i not in tried][:top_k]:
+      candidate = _costed(problem, rows[i], seconds[i], memory[i])
+      if candidate is not None and candidate.report.memory.total_bytes <= memory_limit_bytes:
+        if best is None or candidate.key < best.key:
+          best = candidate
   if best is None and memory_limit_bytes is None:  # replicating everything always lowers
     replicated = np.full(len(problem.dims), -1)
     best = _costed(problem, replicated, *[v[0] for v in problem.estimate(replicated[None])])
