@@ -48,7 +48,7 @@ class MeshModule(tf2.Module):
 
   def __init__(self, mesh_impl, mesh_name: str = "mesh", name: Optional[str] = None):
     super().__init__(name=name)
-    if getattr(mesh_impl, "masters", "whole") != "whole":
+    if mesh_impl.masters != "whole":
       raise ValueError(
           f"MeshModule: mesh_impl has masters={mesh_impl.masters!r}; a MeshModule checkpoints whole "
           f"masters. Build the mesh implementation with masters='whole' (the default).")
