@@ -8,6 +8,7 @@ import pathlib
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -199,6 +200,24 @@ def start_long_run(model_dir, corpus_glob) -> subprocess.Popen:
     if line.startswith("First training step done"):
       return process
   raise AssertionError(f"the run ended before its first step: {process.wait()}")
+
+
+STOP_UNDER_AN_IGNORED_SIGINT = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a parent's SIG_IGN leaves it (pytest-xdist's workers)
+from mesh_tensorflow.transformer._train import guards
+with guards.stop_requests() as stop:
+  os.kill(os.getpid(), signal.SIGINT)
+assert stop.signum == signal.SIGINT
+stop.resend()
+sys.exit(0)
+"""
+
+
+def test_a_stop_by_sigint_exits_nonzero_even_where_sigint_was_ignored_at_start():
+  result = subprocess.run([sys.executable, "-c", STOP_UNDER_AN_IGNORED_SIGINT], cwd=tiny_run.ROOT,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 128 + signal.SIGINT, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

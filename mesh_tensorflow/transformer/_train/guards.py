@@ -64,8 +64,13 @@ class StopRequest:
     return signal.Signals(self.signum).name
 
   def resend(self) -> None:
-    """Delivers the signal again, now with its previous handler (e.g. KeyboardInterrupt)."""
+    """Delivers the signal again, now with its previous handler (e.g. KeyboardInterrupt).
+
+    A process that started with the signal ignored (a parent's SIG_IGN, as pytest-xdist's workers
+    pass on SIGINT) would go on and exit 0: it exits with the shell's status for the signal instead.
+    """
     os.kill(os.getpid(), self.signum)
+    raise SystemExit(128 + self.signum)
 
 
 @contextlib.contextmanager
