@@ -110,15 +110,15 @@ def test_unreachable_xs_get_none():
 
 
 def test_operations_argument_limits_the_ops_differentiated():
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "m")
-  x = mtf.import_tf_tensor(mesh, tf.constant(X), "a:4;b:8")
-  h = x * 2.0
-  y, ops = graph.capture_operations(lambda: mtf.reduce_sum(h * h))
-  # Only the ops from h on: the gradient reaches h but not x.
-  assert mtf.gradients([y], [x], operations=ops) == [None]
-  (dh,) = mtf.gradients([y], [h], operations=ops)
-  assert dh is not None
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(X), "a:4;b:8")
+    h = x * 2.0
+    y, ops = mesh.graph.capture_operations(lambda: mtf.reduce_sum(h * h))
+    # Only the ops from h on: the gradient reaches h but not x.
+    assert mtf.gradients([y], [x], operations=ops) == [None]
+    return mtf.gradients([y], [h], operations=ops)
+  (dh,) = lower_and_evaluate(build, "rows:2;cols:4", "a:rows;b:cols")
+  assert_allclose(dh, 2 * (2.0 * X))  # d/dh sum(h^2) = 2h
 
 
 def test_gradient_ops_are_named_under_the_forward_op_nested_in_the_graphs_scope():
