@@ -144,6 +144,24 @@ def _gb(num_bytes: float) -> str:
   return f"{num_bytes / 1e9:,.2f} GB"
 
 
+def memory_sum(m) -> str:
+  """`Memory per processor: variables ... = <total> bytes`: the memory report's terms and their sum."""
+  return (
+    f"Memory per processor: variables {m.variable_bytes:,} + optimizer state {m.slot_bytes:,} + activation "
+    f"peak {m.activation_peak_bytes:,} + communication buffer {m.comm_buffer_bytes:,} = {m.total_bytes:,} "
+    f"bytes"
+  )
+
+
+def step_line(report) -> str:
+  """`Predicted step (<time model>): <ms> = compute + communication + op overhead`."""
+  return (
+    f"Predicted step ({report.time_model.name} time model): {report.step_s * 1e3:.3f} ms = compute "
+    f"{report.compute_s * 1e3:.3f} + communication {report.comm_s * 1e3:.3f} + op overhead "
+    f"{report.overhead_s * 1e3:.3f}."
+  )
+
+
 def format_report(graph, report: cost_model.CostReport, warnings, tokens_per_step=None) -> str:
   """The text explanation: collectives table, memory, time, the fits/predicted lines and warnings."""
   ops = {op.name: op for op in graph.operations}
@@ -168,14 +186,10 @@ def format_report(graph, report: cost_model.CostReport, warnings, tokens_per_ste
   lines += [
     "",
     f"Collectives: {len(report.events)}, {report.comm_bytes_per_processor:,.0f} bytes sent per processor.",
-    f"Memory per processor: variables {m.variable_bytes:,} + optimizer state {m.slot_bytes:,} + activation "
-    f"peak {m.activation_peak_bytes:,} + communication buffer {m.comm_buffer_bytes:,} = {m.total_bytes:,} "
-    f"bytes (the peak holds the gradients alive then, {m.gradient_bytes:,} bytes for all variables; "
-    f"{'layers rematerialised' if m.remat else 'no rematerialisation'}).",
+    f"{memory_sum(m)} (the peak holds the gradients alive then, {m.gradient_bytes:,} bytes for all "
+    f"variables; {'layers rematerialised' if m.remat else 'no rematerialisation'}).",
     f"Compute per processor: {report.flops:,} FLOPs.",
-    f"Predicted step ({report.time_model.name} time model): {report.step_s * 1e3:.3f} ms = compute "
-    f"{report.compute_s * 1e3:.3f} + communication {report.comm_s * 1e3:.3f} + op overhead "
-    f"{report.overhead_s * 1e3:.3f}.",
+    step_line(report),
     fits_line(report),
     predicted_line(report, tokens_per_step),
   ]

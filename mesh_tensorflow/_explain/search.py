@@ -49,17 +49,12 @@ def search_deep_model(
     assignment, cost = e.assignment, problem.cost_report(e.assignment)
     title = "no layout fits; the one with the least memory"
   layout = ";".join(f"{d}:{m}" for d, m in sorted(assignment.items())) or "(replicated)"
-  m = cost.memory
   print(
     "\n".join([
       f"{title}: {layout} ({how})",
       f"Layout {layout} on mesh {cost.mesh_shape} ({cost.mesh_shape.size} processors), {num_layers} layers",
-      f"Memory per processor: variables {m.variable_bytes:,} + optimizer state {m.slot_bytes:,} + activation "
-      f"peak {m.activation_peak_bytes:,} + communication buffer {m.comm_buffer_bytes:,} = "
-      f"{m.total_bytes:,} bytes.",
-      f"Predicted step ({cost.time_model.name} time model): {cost.step_s * 1e3:.3f} ms = compute "
-      f"{cost.compute_s * 1e3:.3f} + communication {cost.comm_s * 1e3:.3f} + op overhead "
-      f"{cost.overhead_s * 1e3:.3f}.",
+      report_lib.memory_sum(cost.memory) + ".",
+      report_lib.step_line(cost),
       report_lib.fits_line(cost),
       report_lib.predicted_line(cost, tokens_per_step),
     ]),

@@ -35,6 +35,19 @@ def extrapolate(shallow, deep, depths: Sequence[int], num_layers: int):
   return shallow + (deep - shallow) * (num_layers - d0) / (d1 - d0)
 
 
+def extrapolate_memory(shallow: memory_lib.MemoryReport, deep: memory_lib.MemoryReport,
+                       depths: Sequence[int], num_layers: int) -> memory_lib.MemoryReport:
+  """Every additive memory term extrapolated; the largest collective's buffer is the larger one's."""
+  return dataclasses.replace(
+    deep,
+    **{
+      k: int(round(extrapolate(getattr(shallow, k), getattr(deep, k), depths, num_layers)))
+      for k in ("variable_bytes", "slot_bytes", "activation_peak_bytes", "gradient_bytes")
+    },
+    comm_buffer_bytes=max(shallow.comm_buffer_bytes, deep.comm_buffer_bytes),
+  )
+
+
 @dataclasses.dataclass(frozen=True)
 class DepthCost:
   """One layout's per-processor cost at `num_layers` layers, extrapolated from costings at `depths`.
@@ -65,18 +78,7 @@ class DepthCost:
     def line(get):
       return extrapolate(get(shallow), get(deep), depths, num_layers)
 
-    def bytes_line(get):
-      return int(round(line(get)))
-
-    m0, m1 = shallow.memory, deep.memory
-    memory = dataclasses.replace(
-      m1,
-      variable_bytes=bytes_line(lambda r: r.memory.variable_bytes),
-      slot_bytes=bytes_line(lambda r: r.memory.slot_bytes),
-      activation_peak_bytes=bytes_line(lambda r: r.memory.activation_peak_bytes),
-      gradient_bytes=bytes_line(lambda r: r.memory.gradient_bytes),
-      comm_buffer_bytes=max(m0.comm_buffer_bytes, m1.comm_buffer_bytes),
-    )
+    memory = extrapolate_memory(shallow.memory, deep.memory, depths, num_layers)
     return cls(
       mesh_shape=deep.mesh_shape,
       layout_rules=deep.layout_rules,
@@ -143,14 +145,8 @@ class DepthProblem:
     )
 
   def memory_report(self, assignment: dict) -> memory_lib.MemoryReport:
-    shallow, deep = self.shallow.memory_report(assignment), self.deep.memory_report(assignment)
-    return dataclasses.replace(
-      deep,
-      **{
-        k: int(round(extrapolate(getattr(shallow, k), getattr(deep, k), self.depths, self.num_layers)))
-        for k in ("variable_bytes", "slot_bytes", "activation_peak_bytes", "gradient_bytes")
-      },
-    )
+    return extrapolate_memory(self.shallow.memory_report(assignment), self.deep.memory_report(assignment),
+                              self.depths, self.num_layers)
 
 
 def problem_for_depth(
@@ -161,14 +157,17 @@ def problem_for_depth(
   depths: Sequence[int] = (2, 3),
 ) -> DepthProblem:
   """The DepthProblem of the model `build_graph(n) -> (mtf Graph, outputs)` at `num_layers` layers."""
+  shallow, deep = (_problem_at(build_graph, d, mesh_shape, time_model) for d in depths)
+  return DepthProblem(shallow, deep, depths, num_layers)
+
+
+def _problem_at(build_graph: Callable[[int], tuple], num_layers: int, mesh_shape,
+                time_model) -> _solver.Problem:
+  """The layout search's Problem of the model built with `num_layers` layers."""
+  graph, outputs = build_graph(num_layers)
   mesh_shape = convert_to_shape(mesh_shape)
-  tm = get_time_model(time_model).for_mesh(mesh_shape)
-  problems = []
-  for d in depths:
-    graph, outputs = build_graph(d)
-    validator = valid_layouts.LayoutValidator(graph, mesh_shape)
-    problems.append(_solver.Problem(graph, mesh_shape, validator, list(outputs), tm))
-  return DepthProblem(problems[0], problems[1], depths, num_layers)
+  return _solver.Problem(graph, mesh_shape, valid_layouts.LayoutValidator(graph, mesh_shape), list(outputs),
+                         get_time_model(time_model).for_mesh(mesh_shape))
 
 
 def layout_for_depth(
@@ -199,12 +198,7 @@ def layout_for_depth(
   if len(depths) != 2 or not 1 <= depths[0] < depths[1]:
     raise ValueError(f"depths must be two layer counts 1 <= d0 < d1, got {depths}.")
   if num_layers <= depths[1]:
-    graph, outputs = build_graph(num_layers)
-    mesh_shape = convert_to_shape(mesh_shape)
-    problem = _solver.Problem(
-      graph, mesh_shape, valid_layouts.LayoutValidator(graph, mesh_shape), list(outputs),
-      get_time_model(time_model).for_mesh(mesh_shape),
-    )
+    problem = _problem_at(build_graph, num_layers, mesh_shape, time_model)
     solution = _solver.search(problem, memory_limit_bytes)
     report = solution.report
     cost = DepthCost.from_reports(report, report, (num_layers - 1, num_layers), num_layers)
