@@ -6,13 +6,13 @@ import io
 import logging as std_logging
 import os
 import subprocess
-import sys
 import warnings
 
 import pytest
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
+from tests import warm_python
 from tests.harness import cpu_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,7 +81,7 @@ def test_the_transformer_command_line_keeps_layout_typo_warnings_when_quiet():
 
 
 def _run_module(*args, cwd=ROOT) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+  return warm_python.run(["-m", *args], cwd=cwd)
 
 
 def test_transformer_main_help_lists_the_gin_flags():

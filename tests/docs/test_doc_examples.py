@@ -1,7 +1,8 @@
 """Every Python block and command line in README.md and docs/*.md runs as shown.
 
-Each Python block runs as a program of its own in a fresh interpreter, saved in a temporary
-directory and run from there with only the installed package importable (not the repository), so
+Each Python block runs as a program of its own, as `python block.py` would (in a fork of an
+interpreter that has only imported TensorFlow and mesh_tensorflow: tests/warm_python.py), saved in a
+temporary directory and run from there with only the installed package importable (not the repository), so
 it must set up what it needs (graph or eager mode, virtual devices, imports) as the page says; and
 it must print no warning or error (TensorFlow's own lines in TOLERATED aside). A block preceded by
 `<!-- fragment -->` is an excerpt and is skipped; at most MAX_FRAGMENT_SHARE of the blocks may be.
@@ -24,6 +25,8 @@ import sys
 from typing import NamedTuple
 
 import pytest
+
+from tests import warm_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
@@ -219,10 +222,11 @@ def with_model_dir(argv: list, folder: pathlib.Path) -> list:
 
 
 def run(argv: list, cwd: pathlib.Path, env=None) -> subprocess.CompletedProcess:
-  """Runs argv (by default with the repository importable and TF's C++ info and warnings hidden),
-  asserting that it succeeds."""
+  """Runs `python ARGS` (by default with the repository importable and TF's C++ info and warnings
+  hidden) in a fork of a warm interpreter (tests/warm_python.py), asserting that it succeeds."""
   env = env or dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-  result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+  assert argv[0] == sys.executable, argv
+  result = warm_python.run(argv[1:], cwd=cwd, env=env, timeout=TIMEOUT_S)
   assert result.returncode == 0, (
       f"exit status {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
   return result
