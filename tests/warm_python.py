@@ -151,7 +151,7 @@ def _become_program(request: dict, base_path: list, inherited_handlers: dict) ->
     traceback = error.__traceback__
     while traceback is not None and traceback.tb_frame.f_code.co_filename == __file__:
       traceback = traceback.tb_next   # from the program's first frame, as a fresh interpreter shows it
-    sys.excepthook(type(error), error, traceback)
+    sys.excepthook(type(error), error.with_traceback(traceback), traceback)
     status = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
   _exit(status)
 
