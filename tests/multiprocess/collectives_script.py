@@ -4,20 +4,21 @@ Run under `python -m mesh_tensorflow.launch` (each task writes its processors' r
 <out>/rank<R>.npz); tests call `run_cases()` in their own process for the 1 x 8 reference. The
 meshes are 1-D and 2-D, one of them with each task's devices listed in reverse (TF ranks a
 group's members by device index, not in the mesh's order). With --stall_rank R, task R builds
-an alltoall or a shift (--stall_case) but never runs it, so the other tasks fail.
+an alltoall and a shift but never runs them, so the other tasks' steps fail, each after the timeout.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import numpy as np
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.collective_mesh_impl import Cluster, CollectiveMeshImpl
+from mesh_tensorflow.collective_mesh_impl import Cluster, CollectiveMeshImpl, LostPeerError
 
 NUM_PROCESSORS = 8
 MESHES = {  # name: (mesh shape, devices listed in reverse within each task)
@@ -111,39 +112,63 @@ def run_cases(cluster=None) -> dict:
   return {name: dict(zip(pnums, values[name])) for name, (pnums, _) in cases.items()}
 
 
-def run_with_a_stalled_peer(cluster, stall_rank: int, case: str) -> None:
-  """Runs an alltoall or a wrapped shift on all:8 while task stall_rank never runs its part.
+def save_cases(cluster, out: str) -> None:
+  """Writes this process's results of every case to <out>/rank<R>.npz ("case|pnum": value)."""
+  results = run_cases(cluster)
+  os.makedirs(out, exist_ok=True)
+  arrays = {f"{name}|{pnum}": value for name, per_pnum in results.items()
+            for pnum, value in per_pnum.items()}
+  np.savez(os.path.join(out, f"rank{cluster.task_index if cluster else 0}.npz"), **arrays)
+  print("wrote", len(arrays), "results", flush=True)
 
-  The other tasks' `Cluster.run` raises LostPeerError after the timeout, and the launcher then
-  stops the stalled task.
+
+STALL_CASES = ("alltoall", "shift")
+
+
+def run_with_a_stalled_peer(cluster, stall_rank: int) -> None:
+  """Runs an alltoall, then a wrapped shift, on all:8 while task stall_rank never runs its part.
+
+  Task stall_rank starts its server and sleeps; the others wait until every server answers (the
+  peer is in the cluster, it only never joins the collectives), then run each case as a step of
+  its own. Each step raises LostPeerError after the timeout; the task prints "<case>: <error>"
+  and "<case> failed after <seconds> s" (a case that fails otherwise raises).
   """
   with tf.Graph().as_default() as graph:
     impl = CollectiveMeshImpl("all:8", "", cluster=cluster)
     x = laid_out_input(impl)
-    y = impl.alltoall(x, 0, 1, 0) if case == "alltoall" else impl.shift_by_n_processors(x, 0, 1, True)
+    steps = {"alltoall": impl.alltoall(x, 0, 1, 0), "shift": impl.shift_by_n_processors(x, 0, 1, True)}
     with cluster.session(graph=graph) as sess:
       if cluster.task_index == stall_rank:
         time.sleep(600)
-      cluster.run(sess, y.tensor_list)
+      _wait_for_every_server(cluster)
+      for case in STALL_CASES:
+        start = time.monotonic()
+        try:
+          cluster.run(sess, steps[case].tensor_list)
+        except LostPeerError as e:
+          print(f"{case}: LostPeerError: {e}", flush=True)
+          print(f"{case} failed after {time.monotonic() - start:.3f} s", flush=True)
+
+
+def _wait_for_every_server(cluster, seconds: float = 120.0) -> None:
+  deadline = time.monotonic() + seconds
+  while cluster.unreachable_tasks():
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"tasks {cluster.unreachable_tasks()} started no server within {seconds} s")
+    time.sleep(0.05)
 
 
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", default="")
   parser.add_argument("--stall_rank", type=int, default=-1)
-  parser.add_argument("--stall_case", choices=["alltoall", "shift"], default="alltoall")
   args = parser.parse_args()
   tf.disable_eager_execution()
   cluster = Cluster.from_tf_config()
   if args.stall_rank >= 0:
-    run_with_a_stalled_peer(cluster, args.stall_rank, args.stall_case)
-    return
-  results = run_cases(cluster)
-  os.makedirs(args.out, exist_ok=True)
-  arrays = {f"{name}|{pnum}": value for name, per_pnum in results.items()
-            for pnum, value in per_pnum.items()}
-  np.savez(os.path.join(args.out, f"rank{cluster.task_index if cluster else 0}.npz"), **arrays)
-  print("wrote", len(arrays), "results", flush=True)
+    run_with_a_stalled_peer(cluster, args.stall_rank)
+    sys.exit(1)  # its steps failed
+  save_cases(cluster, args.out)
 
 
 if __name__ == "__main__":

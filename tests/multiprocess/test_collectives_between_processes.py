@@ -1,14 +1,16 @@
 """Collectives and halo exchanges between processes: equal to one process, and only the needed bytes.
 
-The equality tests start the tasks with the launcher on loopback (it stops them all when one
-fails; subprocess timeouts bound every test). The op tests build one task's graph of a two-task
-cluster without starting any server, and count what its collectives send.
+The equality tests read the launches of conftest.py's cluster_checks (tasks started with the
+launcher on loopback; it stops them all when one fails, and a time limit bounds every launch).
+The op tests build one task's graph of a two-task cluster without starting any server, and count
+what its collectives send.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import re
 
 import numpy as np
 import pytest
@@ -17,46 +19,54 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._lowering.comm import shift_sources
 from mesh_tensorflow.collective_mesh_impl import Cluster, CollectiveMeshImpl
 from tests.multiprocess import collectives_script
-from tests.multiprocess.launching import ROOT, launch_script
+from tests.multiprocess.launching import ROOT, SHAPES, launch_script, shared_launch
 
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "collectives_script.py")
+STALL_TIMEOUT = 2.0  # seconds: nothing else runs in that launch, so no real step must fit in it
 
 
-def _launch(num_processes, devices_per_process, *script_args):
-  return launch_script(SCRIPT, num_processes, devices_per_process, *script_args)
-
-
-@pytest.mark.parametrize("num_processes,devices_per_process", [(2, 4), (4, 2)])
+@pytest.mark.parametrize("num_processes,devices_per_process", sorted(SHAPES))
 def test_allreduce_alltoall_shift_and_halo_exchange_between_processes_equal_one_process(
-    tmp_path, num_processes, devices_per_process):
-  result, _ = _launch(num_processes, devices_per_process, "--out", str(tmp_path))
-  assert result.returncode == 0, result.stdout[-4000:]
+    cluster_checks, collectives_reference, num_processes, devices_per_process):
+  run = cluster_checks(num_processes, devices_per_process)
+  for rank in range(num_processes):  # each task wrote its results before training
+    assert f"[{rank}] wrote " in run["stdout"], run["stdout"][-4000:]
   got = collections.defaultdict(dict)
   for rank in range(num_processes):
-    with np.load(tmp_path / f"rank{rank}.npz") as arrays:
+    with np.load(os.path.join(run["folder"], f"rank{rank}.npz")) as arrays:
       for key in arrays.files:
         name, pnum = key.rsplit("|", 1)
         if pnum == "None":  # a whole tensor: every process has it
           np.testing.assert_array_equal(arrays[key], got[name].setdefault(None, arrays[key]), name)
         else:
           got[name][int(pnum)] = arrays[key]
-  with tf.Graph().as_default():
-    expected = collectives_script.run_cases()
-  assert sorted(got) == sorted(expected)
-  for name, per_pnum in expected.items():
+  assert sorted(got) == sorted(collectives_reference)
+  for name, per_pnum in collectives_reference.items():
     assert sorted(got[name], key=str) == sorted(per_pnum, key=str), name
     for pnum, value in per_pnum.items():
       np.testing.assert_array_equal(got[name][pnum], value, f"{name}, processor {pnum}")
 
 
-@pytest.mark.parametrize("case", ["alltoall", "shift"])
-def test_peer_that_never_joins_an_alltoall_or_a_shift_is_reported_within_the_timeout(case):
-  result, seconds = _launch(2, 4, "--stall_rank", "1", "--stall_case", case)
-  assert result.returncode != 0
-  assert "LostPeerError: Task 0 waited more than 8.0 s for a collective" in result.stdout, (
-      result.stdout[-3000:])
-  assert "[launch] task 0 exited with status 1; stopping the other tasks" in result.stdout
-  assert seconds < 90
+@pytest.fixture(scope="session")
+def stalled_peer_launch(tmp_path_factory):
+  """One launch of 2 x 4 tasks in which task 1 never runs its part of either case."""
+  def launch(_folder):
+    result, seconds = launch_script(SCRIPT, 2, 4, "--stall_rank", "1", timeout_seconds=STALL_TIMEOUT)
+    return {"status": result.returncode, "stdout": result.stdout, "seconds": seconds}
+  return shared_launch(tmp_path_factory, "stalled-peer", launch)
+
+
+@pytest.mark.parametrize("case", collectives_script.STALL_CASES)
+def test_peer_that_never_joins_an_alltoall_or_a_shift_is_reported_within_the_timeout(
+    stalled_peer_launch, case):
+  stdout = stalled_peer_launch["stdout"]
+  assert stalled_peer_launch["status"] != 0
+  assert f"[0] {case}: LostPeerError: Task 0 waited more than {STALL_TIMEOUT} s for a collective" in stdout, (
+      stdout[-3000:])
+  seconds = float(re.search(rf"^\[0\] {case} failed after ([\d.]+) s$", stdout, re.M).group(1))
+  assert STALL_TIMEOUT <= seconds < STALL_TIMEOUT + 10, f"{case} failed after {seconds} s"
+  assert "[launch] task 0 exited with status 1; stopping the other tasks" in stdout
+  assert stalled_peer_launch["seconds"] < 90
 
 
 def _ops_built(mesh_shape: str, task: int, devices_per_task: int, build) -> tuple:

@@ -1,69 +1,67 @@
-"""python -m mesh_tensorflow.launch: TF_CONFIG per task, rank prefixes, exit status, clean-up."""
+"""python -m mesh_tensorflow.launch: TF_CONFIG per task, rank prefixes, exit status, clean-up.
+
+The launcher's `main` runs in the test's own process (its tasks are plain Python programs that do
+not import TensorFlow): a launcher process would spend ~5 s of CPU importing it. A signal to the
+launcher is then a signal to this process, which `main` handles while its tasks run.
+docs/multi_process.md runs the launcher's command line itself.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from mesh_tensorflow.launch import main, tf_configs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+@pytest.fixture
+def no_tf_config(monkeypatch):
+  """Not under a scheduler: the launcher starts every task itself."""
+  monkeypatch.delenv("TF_CONFIG", raising=False)
 
 
-def _launch(*args, env=None, timeout=60):
-  env = dict(os.environ if env is None else env, PYTHONPATH=ROOT)
-  return subprocess.run([sys.executable, "-m", "mesh_tensorflow.launch", *args], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=timeout)
-
-
-def _without_tf_config():
-  env = dict(os.environ)
-  env.pop("TF_CONFIG", None)
-  return env
-
-
-def test_every_task_gets_its_tf_config_and_every_line_its_rank_prefix():
+def test_every_task_gets_its_tf_config_and_every_line_its_rank_prefix(no_tf_config, capsys):
   script = ("import json, os; c = json.loads(os.environ['TF_CONFIG']); "
             "print(c['task']['index'], len(c['cluster']['worker']), os.environ['MTF_DEVICES_PER_PROCESS']); "
             "print('second line')")
-  result = _launch("--num_processes", "3", "--devices_per_process", "2", "--", sys.executable, "-c", script,
-                   env=_without_tf_config())
-  assert result.returncode == 0, result.stdout
-  lines = result.stdout.splitlines()
+  status = main(["--num_processes", "3", "--devices_per_process", "2", "--", sys.executable, "-c", script])
+  stdout = capsys.readouterr().out
+  assert status == 0, stdout
+  lines = stdout.splitlines()
   for rank in range(3):
     assert f"[{rank}] {rank} 3 2" in lines
     assert f"[{rank}] second line" in lines
 
 
-def test_failing_task_stops_the_others_and_its_status_is_the_launchers(tmp_path):
+def test_failing_task_stops_the_others_and_its_status_is_the_launchers(no_tf_config, tmp_path, capsys):
   pid_file = tmp_path / "sleeper.pid"
   script = ("import json, os, sys, time; rank = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
             f"if rank == 0: open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)\n"
             "else:\n  while not os.path.exists(" + repr(str(pid_file)) + "): time.sleep(0.05)\n"
             "  sys.exit(7)")
   start = time.monotonic()
-  result = _launch("--num_processes", "2", "--", sys.executable, "-c", script, env=_without_tf_config())
-  assert result.returncode == 7
-  assert "[launch] task 1 exited with status 7; stopping the other tasks" in result.stdout
+  status = main(["--num_processes", "2", "--", sys.executable, "-c", script])
+  assert status == 7
+  assert "[launch] task 1 exited with status 7; stopping the other tasks" in capsys.readouterr().out
   assert time.monotonic() - start < 30
   sleeper = int(pid_file.read_text())
   with pytest.raises(ProcessLookupError):  # stopped and reaped: no such process any more
     os.kill(sleeper, 0)
 
 
-def test_scheduler_tf_config_runs_the_command_once_as_that_task():
+def test_scheduler_tf_config_runs_the_command_once_as_that_task(monkeypatch, capsys):
   config = tf_configs(4, ports=[1, 2, 3, 4])[2]
-  env = dict(os.environ, TF_CONFIG=json.dumps(config))
-  result = _launch("--num_processes", "4", "--", sys.executable, "-c",
-                   "import os; print(os.environ['TF_CONFIG'])", env=env)
-  assert result.returncode == 0
-  lines = result.stdout.splitlines()
+  monkeypatch.setenv("TF_CONFIG", json.dumps(config))
+  status = main(["--num_processes", "4", "--", sys.executable, "-c",
+                 "import os; print(os.environ['TF_CONFIG'])"])
+  assert status == 0
+  lines = capsys.readouterr().out.splitlines()
   assert len(lines) == 1 and json.loads(lines[0].split(" ", 1)[1]) == config
   assert lines[0].startswith("[2] ")
 
@@ -75,28 +73,26 @@ def test_missing_command_is_a_usage_error(capsys):
   assert "no command: put it after '--'" in capsys.readouterr().err
 
 
-def test_terminated_launcher_stops_its_tasks(tmp_path):
+def test_terminated_launcher_stops_its_tasks(no_tf_config, tmp_path):
   pid_file = tmp_path / "task.pid"
   script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
-  launcher = subprocess.Popen([sys.executable, "-m", "mesh_tensorflow.launch", "--num_processes", "1", "--",
-                               sys.executable, "-c", script], cwd=ROOT,
-                              env=dict(_without_tf_config(), PYTHONPATH=ROOT), stdout=subprocess.DEVNULL)
-  task, stopped = None, False
-  try:
+
+  def terminate_the_launcher_once_the_task_runs():
     deadline = time.monotonic() + 60
-    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+    while not (pid_file.exists() and pid_file.read_text()):
+      if time.monotonic() > deadline:
+        return  # the test fails below: the launcher then stops its task when the task ends
       time.sleep(0.05)
-    task = int(pid_file.read_text())
-    launcher.send_signal(signal.SIGTERM)
-    assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
-    with pytest.raises(ProcessLookupError):  # stopped and reaped: no such process any more
-      os.kill(task, 0)
-    stopped = True
+    os.kill(os.getpid(), signal.SIGTERM)  # the launcher handles it from the task's start until it returns
+
+  sender = threading.Thread(target=terminate_the_launcher_once_the_task_runs)
+  sender.start()
+  try:
+    with pytest.raises(SystemExit) as exit_info:
+      main(["--num_processes", "1", "--", sys.executable, "-c", script])
   finally:
-    launcher.kill()
-    launcher.wait()
-    if task is not None and not stopped:  # the test failed with the task running: stop it here
-      try:
-        os.kill(task, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
+    sender.join()
+  assert exit_info.value.code == 128 + signal.SIGTERM
+  task = int(pid_file.read_text())
+  with pytest.raises(ProcessLookupError):  # stopped and reaped: no such process any more
+    os.kill(task, 0)

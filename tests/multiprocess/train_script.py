@@ -1,10 +1,12 @@
 """A small mtf training run on CollectiveMeshImpl, for 1 process x 8 devices or N processes.
 
 Run directly (one process, 8 virtual CPUs) or under `python -m mesh_tensorflow.launch`. Every
-task writes its per-step losses and gradients to <out>/rank<R>.json; the chief saves a checkpoint
-after every step. --die_at_step kills task 1 (SIGKILL) there, once the chief has saved the steps
-before it (its save would otherwise race the launcher stopping the chief); --restore resumes
-from the latest checkpoint in --ckpt_dir. Tests also call `train` in their own process (1 x 8 reference).
+task writes its per-step losses and gradients to <out>/rank<R>.json, after every step (so a run
+that is stopped keeps the steps it finished). With --ckpt_dir the chief saves a checkpoint of the
+last of --layouts after every step; --die_at_step kills task 1 (SIGKILL) there in that layout,
+once the chief has saved the steps before it (its save would otherwise race the launcher stopping
+the chief); --restore resumes it from the latest checkpoint in --ckpt_dir. Tests also call `train`
+in their own process (1 x 8 reference).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import signal
 import time
+from typing import Callable, Optional
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -53,8 +56,12 @@ LAYOUTS = {  # name: (mesh shape, layout rules)
 
 
 def train(mesh_shape: str, layout: str, steps: int, cluster=None, ckpt_dir: str = "",
-          restore: bool = False, die_at_step: int = -1) -> list:
-  """Runs `steps` SGD steps; returns per step {"step", "loss", "grads"} (grads as nested lists)."""
+          restore: bool = False, die_at_step: int = -1,
+          after_step: Optional[Callable[[list], None]] = None) -> list:
+  """Runs `steps` SGD steps; returns per step {"step", "loss", "grads"} (grads as nested lists).
+
+  after_step(records so far) is called after every step.
+  """
   rank = cluster.task_index if cluster else 0
   # A container per run: sessions on one server share variables by name (see Cluster).
   with tf.Graph().as_default() as tf_graph, tf.container(f"{mesh_shape}/{layout}"):
@@ -100,6 +107,8 @@ def train(mesh_shape: str, layout: str, steps: int, cluster=None, ckpt_dir: str 
           if rank == 0:
             saver.save(sess, os.path.join(ckpt_dir, "model"), global_step=step + 1)
         print(f"step {step} loss {values[0]:.6f}", flush=True)
+        if after_step:
+          after_step(records)
   return records
 
 
@@ -119,22 +128,50 @@ def _wait_for_the_chiefs_checkpoint(ckpt_dir: str, step: int, timeout_seconds: f
     time.sleep(0.05)
 
 
-def main():
-  parser = argparse.ArgumentParser()
+def train_layouts(cluster, names: list, steps: int, out: str, ckpt_dir: str = "", restore: bool = False,
+                  die_at_step: int = -1) -> None:
+  """Trains each layout of `names` in turn, writing every step's record to <out>/rank<R>.json.
+
+  ckpt_dir, restore and die_at_step apply to the last layout (a checkpoint holds one run).
+  """
+  os.makedirs(out, exist_ok=True)
+  path = os.path.join(out, f"rank{cluster.task_index if cluster else 0}.json")
+  results = {}
+
+  def write(name, records):
+    results[name] = records
+    with open(path + ".tmp", "w") as f:  # then renamed: a task stopped while writing leaves the last file
+      json.dump(results, f)
+    os.replace(path + ".tmp", path)
+
+  for i, name in enumerate(names):
+    last = i == len(names) - 1
+    train(*LAYOUTS[name], steps, cluster, ckpt_dir if last else "", restore and last,
+          die_at_step if last else -1, after_step=functools.partial(write, name))
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+  """The flags of a training run (also cluster_checks_script.py's)."""
   parser.add_argument("--layouts", default="2d", help="comma-separated names from LAYOUTS")
   parser.add_argument("--steps", type=int, default=2)
   parser.add_argument("--out", required=True)
-  parser.add_argument("--ckpt_dir", default="")
-  parser.add_argument("--die_at_step", type=int, default=-1)
+  parser.add_argument("--ckpt_dir", default="", help="checkpoints of the last of --layouts")
+  parser.add_argument("--die_at_step", type=int, default=-1, help="task 1 dies there, in the last layout")
   parser.add_argument("--restore", action="store_true")
+
+
+def train_as_flagged(cluster, args: argparse.Namespace) -> None:
+  """train_layouts as the flags of add_flags say."""
+  train_layouts(cluster, args.layouts.split(","), args.steps, args.out, args.ckpt_dir, args.restore,
+                args.die_at_step)
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  add_flags(parser)
   args = parser.parse_args()
   tf.disable_eager_execution()
-  cluster = Cluster.from_tf_config()
-  results = {name: train(*LAYOUTS[name], args.steps, cluster, args.ckpt_dir, args.restore, args.die_at_step)
-             for name in args.layouts.split(",")}
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, f"rank{cluster.task_index if cluster else 0}.json"), "w") as f:
-    json.dump(results, f)
+  train_as_flagged(Cluster.from_tf_config(), args)
 
 
 if __name__ == "__main__":
