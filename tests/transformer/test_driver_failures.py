@@ -8,8 +8,6 @@ import pathlib
 import re
 import signal
 import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -22,8 +20,10 @@ from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer._train import arguments, checkpoints, guards, inputs
 from mesh_tensorflow.transformer._train import checkpoint_selection
 from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
-from tests.transformer import tiny_run
+from tests.transformer import shared_runs, tiny_run
 from tests.transformer.tiny_run import run
+
+trained = shared_runs.trained  # the shared 6-step run (a fixture)
 
 
 def files_of(model_dir) -> dict:
@@ -49,10 +49,10 @@ def test_resuming_a_deeper_models_checkpoints_is_refused_and_every_checkpoint_is
   assert files_of(tmp_path) == before
 
 
-def test_a_shallower_models_checkpoints_are_refused_too(tmp_path, corpus):
-  train(tmp_path, corpus, "utils.run.train_steps = 3")
+def test_a_shallower_models_checkpoints_are_refused_too(tmp_path, corpus, trained):
+  model_dir = shared_runs.copy_model_dir(trained, tmp_path / "model")
   with pytest.raises(checkpoints.CheckpointMismatchError, match=r"lacks \d+ of the model's variables"):
-    train(tmp_path, corpus, "num_layers = 2", "utils.run.train_steps = 6")
+    train(model_dir, corpus, "num_layers = 2", "utils.run.train_steps = 9")
 
 
 @pytest.mark.parametrize("binding, message", [
@@ -129,31 +129,31 @@ def test_a_dataset_breaking_the_contract_is_refused_naming_the_feature(tmp_path,
 
 # ---- said out loud ----
 
-def test_an_unsaved_eval_step_names_the_checkpoint_used_instead(tmp_path, corpus, capsys):
-  train(tmp_path, corpus)
+def test_an_unsaved_eval_step_names_the_checkpoint_used_instead(tmp_path, corpus, capsys, trained):
+  model_dir = shared_runs.copy_model_dir(trained, tmp_path / "model")
   tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.eval_checkpoint_step = 4",
                                                          "utils.run.dataset_split = 'validation'"])
-  run(tmp_path, "perplexity_eval")
-  assert f"No checkpoint at step 4 in {tmp_path} (saved steps: [3, 6]); using the closest, " \
-         f"{tmp_path}/model.ckpt-3." in capsys.readouterr().out
+  run(model_dir, "perplexity_eval")
+  assert f"No checkpoint at step 4 in {model_dir} (saved steps: [3, 6]); using the closest, " \
+         f"{model_dir}/model.ckpt-3." in capsys.readouterr().out
 
 
-def test_an_incomplete_checkpoint_is_skipped_with_a_message(tmp_path, corpus, capsys):
-  train(tmp_path, corpus)
-  (tmp_path / "model.ckpt-9.data-00000-of-00001").write_bytes(b"cut short")
-  train(tmp_path, corpus, "utils.run.train_steps = 7")
+def test_an_incomplete_checkpoint_is_skipped_with_a_message(tmp_path, corpus, capsys, trained):
+  model_dir = shared_runs.copy_model_dir(trained, tmp_path / "model")
+  (model_dir / "model.ckpt-9.data-00000-of-00001").write_bytes(b"cut short")
+  train(model_dir, corpus, "utils.run.train_steps = 7")
   out = capsys.readouterr().out
-  assert f"Skipping {tmp_path}/model.ckpt-9: its data files have no model.ckpt-9.index" in out
-  assert f"Resuming from {tmp_path}/model.ckpt-6 at step 6." in out
+  assert f"Skipping {model_dir}/model.ckpt-9: its data files have no model.ckpt-9.index" in out
+  assert f"Resuming from {model_dir}/model.ckpt-6 at step 6." in out
 
 
-def test_a_truncated_data_file_is_named(tmp_path, corpus):
-  train(tmp_path, corpus)
-  data = tmp_path / "model.ckpt-6.data-00000-of-00001"
+def test_a_truncated_data_file_is_named(tmp_path, corpus, trained):
+  model_dir = shared_runs.copy_model_dir(trained, tmp_path / "model")
+  data = model_dir / "model.ckpt-6.data-00000-of-00001"
   data.write_bytes(data.read_bytes()[:100])
   with pytest.raises(checkpoints.CheckpointCorruptError,
                      match=r"Checkpoint .*model.ckpt-6 cannot be read.*model.ckpt-6.data-00000-of-00001"):
-    train(tmp_path, corpus, "utils.run.train_steps = 9")
+    train(model_dir, corpus, "utils.run.train_steps = 9")
 
 
 def test_waiting_for_checkpoints_says_what_it_waits_for(tmp_path, monkeypatch, capsys):
@@ -169,8 +169,8 @@ def test_waiting_for_checkpoints_says_what_it_waits_for(tmp_path, monkeypatch, c
                    rf"Ctrl-C, or set eval_checkpoint_step", capsys.readouterr().out)
 
 
-def test_an_empty_infer_input_is_refused(tmp_path, corpus):
-  train(tmp_path / "model", corpus, "utils.run.train_steps = 3")
+def test_an_empty_infer_input_is_refused(tmp_path, corpus, trained):
+  model_dir = shared_runs.copy_model_dir(trained, tmp_path / "model")
   empty = tmp_path / "prompts.txt"
   empty.write_text("")
   tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + [
@@ -178,7 +178,7 @@ def test_an_empty_infer_input_is_refused(tmp_path, corpus):
       f"utils.decode_from_file.output_filename = '{tmp_path / 'decodes'}'",
       "utils.run.eval_checkpoint_step = -1"])
   with pytest.raises(ValueError, match=rf"{empty} \(utils.decode_from_file.input_filename\) has no lines"):
-    run(tmp_path / "model", "infer")
+    run(model_dir, "infer")
 
 
 def test_export_without_a_checkpoint_names_the_model_dir(tmp_path, corpus):
@@ -190,61 +190,74 @@ def test_export_without_a_checkpoint_names_the_model_dir(tmp_path, corpus):
 
 # ---- stopping, and two runs on one model_dir ----
 
-def start_long_run(model_dir, corpus_glob) -> subprocess.Popen:
-  """A run of 10000 steps (a checkpoint every 5000) in a subprocess, once it has trained a step."""
+def start_long_run(model_dir, corpus_glob, ignore_sigint: bool = False) -> subprocess.Popen:
+  """A run of 10000 steps (a checkpoint every 5000) in a subprocess, once it has trained a step; with
+  `ignore_sigint` it starts with SIGINT ignored, as a child of pytest-xdist's workers does."""
   command = tiny_run.main_command(str(model_dir), corpus_glob, tiny_run.TWO_DEVICES + [
       "utils.run.train_steps = 10000", "utils.run.save_checkpoints_steps = 5000"])
+  ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
   process = subprocess.Popen(command, cwd=tiny_run.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
+                             text=True, preexec_fn=ignore)
   for line in process.stdout:
     if line.startswith("First training step done"):
       return process
   raise AssertionError(f"the run ended before its first step: {process.wait()}")
 
 
-STOP_UNDER_AN_IGNORED_SIGINT = """
-import os, signal, sys
-signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a parent's SIG_IGN leaves it (pytest-xdist's workers)
-from mesh_tensorflow.transformer._train import guards
-with guards.stop_requests() as stop:
-  os.kill(os.getpid(), signal.SIGINT)
-assert stop.signum == signal.SIGINT
-stop.resend()
-sys.exit(0)
-"""
+def stop(process: subprocess.Popen, signum) -> tuple:
+  """Sends `signum` to a run; returns (its exit status, its output after the first step)."""
+  process.send_signal(signum)
+  out = process.stdout.read()
+  return process.wait(timeout=120), out
 
 
 def test_a_stop_by_sigint_exits_nonzero_even_where_sigint_was_ignored_at_start():
-  result = subprocess.run([sys.executable, "-c", STOP_UNDER_AN_IGNORED_SIGINT], cwd=tiny_run.ROOT,
-                          capture_output=True, text=True, timeout=120)
-  assert result.returncode == 128 + signal.SIGINT, result.stderr[-2000:]
+  """The stop request's resend, in this process: with SIGINT ignored (as a parent's SIG_IGN leaves it
+  in pytest-xdist's workers) the resent signal does nothing, so resend exits with 128 + SIGINT."""
+  original = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    with guards.stop_requests() as request:
+      os.kill(os.getpid(), signal.SIGINT)
+    assert request.signum == signal.SIGINT
+    with pytest.raises(SystemExit) as exited:
+      request.resend()
+  finally:
+    signal.signal(signal.SIGINT, original)
+  assert exited.value.code == 128 + signal.SIGINT
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_signal_saves_the_last_step_and_says_so(tmp_path, corpus, signum):
-  process = start_long_run(tmp_path, corpus)
-  time.sleep(1.0)
-  process.send_signal(signum)
-  out = process.stdout.read()
-  assert process.wait(timeout=120) != 0
+def assert_stopped_and_saved(model_dir, signum, returncode: int, out: str) -> int:
+  """The run exited non-zero, said at which step it stopped and saved that step; returns the step."""
+  assert returncode != 0, out[-3000:]
   match = re.search(rf"Stopped by {signum.name} at step (\d+): saved (\S+model.ckpt-(\d+))\. Run the same "
                     rf"command again to resume\.", out)
   assert match, out[-3000:]
   assert match.group(1) == match.group(3) and int(match.group(1)) >= 1
-  assert checkpoints.latest_checkpoint(str(tmp_path)) == match.group(2)
+  assert checkpoints.latest_checkpoint(str(model_dir)) == match.group(2)
+  return int(match.group(1))
 
 
-def test_a_second_run_on_a_model_dir_in_use_is_refused_naming_the_first(tmp_path, corpus):
+def test_a_stop_by_sigint_saves_the_last_step_and_says_so(tmp_path, corpus):
+  """Started with SIGINT ignored (the case the resend above guards), a stop by SIGINT still saves and
+  exits with 128 + SIGINT."""
+  process = start_long_run(tmp_path, corpus, ignore_sigint=True)
+  returncode, out = stop(process, signal.SIGINT)
+  assert_stopped_and_saved(tmp_path, signal.SIGINT, returncode, out)
+  assert returncode == 128 + signal.SIGINT
+
+
+def test_a_second_run_on_a_model_dir_in_use_is_refused_and_a_stop_by_sigterm_saves_the_last_step(
+    tmp_path, corpus):
+  """While a run trains, a second run on its model_dir is refused naming the first; SIGTERM then
+  stops the first, which saves its last step and says so; after it the directory is free and its
+  checkpoint restores."""
   first = start_long_run(tmp_path, corpus)
   try:
     with pytest.raises(guards.ModelDirInUseError,
                        match=rf"{tmp_path} is in use by another training run \(pid {first.pid} on "):
       train(tmp_path, corpus, "utils.run.train_steps = 3")
   finally:
-    first.send_signal(signal.SIGTERM)
-    first.stdout.read()
-    first.wait(timeout=120)
-  stopped_at = checkpoints.get_step_from_checkpoint_path(checkpoints.latest_checkpoint(str(tmp_path)))
-  # Once the first run is gone, the directory is free and its checkpoint restores.
+    returncode, out = stop(first, signal.SIGTERM)
+  stopped_at = assert_stopped_and_saved(tmp_path, signal.SIGTERM, returncode, out)
   result = train(tmp_path, corpus, f"utils.run.train_steps = {stopped_at + 1}")
   assert result["step"] == stopped_at + 1

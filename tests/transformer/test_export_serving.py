@@ -1,10 +1,10 @@
 """export_infer / export_score SavedModels served by a process without mesh_tensorflow.
 
-A tiny language model and a tiny encoder-decoder (bfloat16 master variables) each train one step
-on two devices; their exports are loaded in a subprocess where `import mesh_tensorflow` fails, in
-TF2 (tf.saved_model.load) and in a default TF1 session (no soft placement), with fewer strings than
-the batch size, and must reproduce the `infer` mode's decodes and `score_from_strings`' scores of
-the same checkpoint.
+A tiny language model (the 6 steps shared_runs trains) and a tiny encoder-decoder (bfloat16 master
+variables, one step) trained on two devices; their exports are loaded in one subprocess where
+`import mesh_tensorflow` fails, in TF2 (tf.saved_model.load) and in a default TF1 session (no soft
+placement), with fewer strings than the batch size, and must reproduce the `infer` mode's decodes
+and `score_from_strings`' scores of the same checkpoint.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer._train import export, loop
-from tests.transformer import tiny_run
+from tests.transformer import shared_runs, tiny_run
 from tests.transformer.tiny_run import run
 
 BATCH_SIZE = 8  # tiny_run.TINY's utils.run.batch_size
@@ -36,15 +36,11 @@ ENC_DEC = ["utils.run.model_type = 'bitransformer'",
            "data.transduction_dataset.num_train_examples = 64",
            "utils.get_variable_dtype.master_dtype = 'bfloat16'"]  # checkpointed in bfloat16
 
-# Runs with mesh_tensorflow unimportable; prints the results of every request as JSON.
+# Runs with mesh_tensorflow unimportable; prints the results of every model's requests as JSON.
 CLIENT = r"""
 import json, sys
 sys.modules["mesh_tensorflow"] = None  # `import mesh_tensorflow` raises ImportError from here on
 import tensorflow as tf
-
-spec = json.loads(sys.argv[1])
-texts = lambda key: tf.constant(spec[key])
-result = {}
 
 loaded = {}
 
@@ -62,56 +58,60 @@ def tf1(path, output, feeds, device_count=None):
                        {signature.inputs[k].name: v for k, v in feeds.items()}).tolist()
 
 hexes = lambda strings: [s.hex() for s in strings]
-infer = spec["infer"]
-result["tf2_greedy"] = hexes(tf2(infer, inputs=texts("inputs"))["outputs"].numpy())
-result["tf1_greedy"] = hexes(tf1(infer, "outputs", {"inputs": spec["inputs"]}))
-if spec["infer_mesh"]:
-  result["tf1_mesh_devices"] = hexes(tf1(spec["infer_mesh"], "outputs", {"inputs": spec["inputs"]},
-                                         device_count={"CPU": 2}))
-sample = lambda temperature, seed: hexes(tf2(
-    infer, "sample", inputs=texts("inputs"), temperature=tf.constant(temperature),
-    seed=tf.constant(seed, tf.int64))["outputs"].numpy())
-result["sample_t0"] = sample(0.0, 1)
-result["sample_seed1"], result["sample_seed1_again"], result["sample_seed2"] = (
-    sample(1.0, 1), sample(1.0, 1), sample(1.0, 2))
-if spec["sampled"]:
-  result["default_sampled_calls"] = [hexes(tf2(spec["sampled"], inputs=texts("inputs"))["outputs"].numpy())
-                                     for _ in range(2)]
-score_feeds = {k: spec[k] for k in spec["score_features"]}
-result["tf2_scores"] = tf2(spec["score"], **{k: tf.constant(v) for k, v in score_feeds.items()}
-                           )["scores"].numpy().tolist()
-result["tf1_scores"] = tf1(spec["score"], "scores", score_feeds)
-try:
-  tf2(infer, inputs=tf.constant(["a"] * (spec["batch_size"] + 1)))
-except tf.errors.InvalidArgumentError as e:
-  result["too_many"] = e.message
-print("RESULT " + json.dumps(result))
+
+def requests(spec):
+  texts = lambda key: tf.constant(spec[key])
+  result = {}
+  infer = spec["infer"]
+  result["tf2_greedy"] = hexes(tf2(infer, inputs=texts("inputs"))["outputs"].numpy())
+  result["tf1_greedy"] = hexes(tf1(infer, "outputs", {"inputs": spec["inputs"]}))
+  if spec["infer_mesh"]:
+    result["tf1_mesh_devices"] = hexes(tf1(spec["infer_mesh"], "outputs", {"inputs": spec["inputs"]},
+                                           device_count={"CPU": 2}))
+  sample = lambda temperature, seed: hexes(tf2(
+      infer, "sample", inputs=texts("inputs"), temperature=tf.constant(temperature),
+      seed=tf.constant(seed, tf.int64))["outputs"].numpy())
+  result["sample_t0"] = sample(0.0, 1)
+  result["sample_seed1"], result["sample_seed1_again"], result["sample_seed2"] = (
+      sample(1.0, 1), sample(1.0, 1), sample(1.0, 2))
+  if spec["sampled"]:
+    result["default_sampled_calls"] = [
+        hexes(tf2(spec["sampled"], inputs=texts("inputs"))["outputs"].numpy()) for _ in range(2)]
+  score_feeds = {k: spec[k] for k in spec["score_features"]}
+  result["tf2_scores"] = tf2(spec["score"], **{k: tf.constant(v) for k, v in score_feeds.items()}
+                             )["scores"].numpy().tolist()
+  result["tf1_scores"] = tf1(spec["score"], "scores", score_feeds)
+  try:
+    tf2(infer, inputs=tf.constant(["a"] * (spec["batch_size"] + 1)))
+  except tf.errors.InvalidArgumentError as e:
+    result["too_many"] = e.message
+  return result
+
+print("RESULT " + json.dumps({name: requests(spec) for name, spec in json.loads(sys.argv[1]).items()}))
 """
 
 
 @dataclasses.dataclass
 class Served:
-  """In-process references of one checkpoint and what the mtf-free client got from its exports."""
+  """In-process references of one checkpoint, its exports, and what the mtf-free client got from them."""
   decodes: list
   scores: list
-  client: dict
   infer_dir: str
   score_dir: str
   infer_mesh_dir: str
   second_export_error: str
+  spec: dict  # what the client is asked to do
+  client: dict = None
 
 
 def _decoded(hexes):
   return [bytes.fromhex(h).decode("utf-8", errors="ignore") for h in hexes]
 
 
-def _serve(directory, bindings, inputs, targets, score_with_inputs, sampled_binding=None) -> Served:
-  """Trains one step, runs infer and score_from_strings, exports, and queries the exports; with
+def _serve(directory, model_dir, step: int, inputs, targets, score_with_inputs,
+           sampled_binding=None) -> Served:
+  """Runs infer and score_from_strings on model_dir's checkpoint of `step`, and exports it; with
   `sampled_binding` (a temperature's gin name) also exports on the mesh's devices and sampling."""
-  corpus = tiny_run.write_corpus(str(directory))
-  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + bindings + ["utils.run.train_steps = 1"])
-  model_dir = directory / "model"
-  run(model_dir, "train")
   (directory / "inputs.txt").write_text("".join(t + "\n" for t in inputs))
   with gin.unlock_config():
     gin.bind_parameter("utils.decode_from_file.input_filename", str(directory / "inputs.txt"))
@@ -119,8 +119,8 @@ def _serve(directory, bindings, inputs, targets, score_with_inputs, sampled_bind
     gin.bind_parameter("utils.score_from_strings.targets", targets)
     if score_with_inputs:
       gin.bind_parameter("utils.score_from_strings.inputs", inputs)
-  decodes = run(model_dir, "infer", eval_checkpoint_step=1)[1]
-  scores = run(model_dir, "score_from_strings", eval_checkpoint_step=1)[1]
+  decodes = run(model_dir, "infer", eval_checkpoint_step=step)[step]
+  scores = run(model_dir, "score_from_strings", eval_checkpoint_step=step)[step]
   spec = {"inputs": inputs, "targets": targets, "batch_size": BATCH_SIZE,
           "score_features": ["inputs", "targets"] if score_with_inputs else ["targets"],
           "infer": run(model_dir, "export_infer", export_path=str(directory / "infer")),
@@ -136,41 +136,53 @@ def _serve(directory, bindings, inputs, targets, score_with_inputs, sampled_bind
       gin.bind_parameter(sampled_binding, 1.0)
       gin.bind_parameter("utils.export_serving.devices", "one")
     spec["sampled"] = run(model_dir, "export_infer", export_path=str(directory / "sampled"))
-  return Served(decodes, scores, _run_client(spec), spec["infer"], spec["score"], spec["infer_mesh"],
-                str(again.value))
+  return Served(decodes, scores, spec["infer"], spec["score"], spec["infer_mesh"], str(again.value), spec)
 
 
-def _run_client(spec: dict) -> dict:
+def _run_client(specs: dict, cwd: str) -> dict:
+  """name -> the client's results for specs[name], all from one process without mesh_tensorflow."""
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  done = subprocess.run([sys.executable, "-c", CLIENT, json.dumps(spec)], capture_output=True, text=True,
-                        cwd=os.path.dirname(spec["infer"]), env=env, timeout=300)
+  done = subprocess.run([sys.executable, "-c", CLIENT, json.dumps(specs)], capture_output=True, text=True,
+                        cwd=cwd, env=env, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   [line] = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
   return json.loads(line[len("RESULT "):])
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
+def models(tmp_path_factory) -> dict:
+  """Both models trained and exported in this process, then served by one mtf-free client process."""
+  trained_lm = shared_runs.tiny_lm(tmp_path_factory)  # 6 steps
+  lm_directory, enc_dec_directory = tmp_path_factory.mktemp("lm"), tmp_path_factory.mktemp("enc_dec")
   try:
-    yield _serve(tmp_path_factory.mktemp("lm"), [], LM_PROMPTS, LM_TARGETS, False,
-                 "Unitransformer.sample_autoregressive.temperature")
+    tiny_run.configure_gin(trained_lm.corpus, tiny_run.TWO_DEVICES)
+    models = {"lm": _serve(lm_directory, shared_runs.copy_model_dir(trained_lm, lm_directory / "model"), 6,
+                           LM_PROMPTS, LM_TARGETS, False, "Unitransformer.sample_autoregressive.temperature")}
+    tiny_run.configure_gin(tiny_run.write_corpus(str(enc_dec_directory)),
+                           tiny_run.TWO_DEVICES + ENC_DEC + ["utils.run.train_steps = 1"])
+    run(enc_dec_directory / "model", "train")
+    models["enc_dec"] = _serve(enc_dec_directory, enc_dec_directory / "model", 1, ENC_DEC_INPUTS,
+                               ENC_DEC_TARGETS, True)
   finally:
     gin.clear_config()
     utils.FLAGS.unparse_flags()
+  clients = _run_client({name: m.spec for name, m in models.items()}, os.path.dirname(models["lm"].infer_dir))
+  return {name: dataclasses.replace(m, client=clients[name]) for name, m in models.items()}
 
 
-@pytest.fixture(scope="module")
-def enc_dec(tmp_path_factory):
-  try:
-    yield _serve(tmp_path_factory.mktemp("enc_dec"), ENC_DEC, ENC_DEC_INPUTS, ENC_DEC_TARGETS, True)
-  finally:
-    gin.clear_config()
-    utils.FLAGS.unparse_flags()
+@pytest.fixture
+def lm(models) -> Served:
+  return models["lm"]
+
+
+@pytest.fixture
+def enc_dec(models) -> Served:
+  return models["enc_dec"]
 
 
 @pytest.fixture(params=["lm", "enc_dec"])
-def served(request) -> Served:
-  return request.getfixturevalue(request.param)
+def served(request, models) -> Served:
+  return models[request.param]
 
 
 def test_tf2_and_a_default_tf1_session_reproduce_infer_for_fewer_strings_than_the_batch(served):

@@ -38,25 +38,27 @@ def kill_after_checkpoint(model_dir, corpus, step: int) -> int:
   return process.wait()
 
 
-def test_killed_runs_resume_at_the_checkpointed_step_with_the_losses_of_an_uninterrupted_run(tmp_path):
-  corpus = tiny_run.write_corpus(str(tmp_path))
-  reference = run_main(tmp_path / "reference", corpus)
-  assert reference.returncode == 0, reference.stderr[-3000:]
-  # The default output is the driver's own: no TensorFlow start-up or info lines, no warnings.
-  assert not re.search(r"oneDNN|cpu_feature_guard|^[IWE]\d{4} |WARNING:tensorflow", reference.stderr, re.M), \
-      reference.stderr[-3000:]
-  assert re.search(r"^step 30/30  loss [\d.]+  lr ", reference.stdout, re.M)
-  assert (tmp_path / "reference" / "command").read_text().startswith(
-      tiny_run.main_command("", "")[0] + " -m mesh_tensorflow.transformer.main")
+def test_killed_runs_resume_at_the_checkpointed_step_with_the_losses_of_an_uninterrupted_run(
+    tmp_path, corpus):
+  # The uninterrupted run trains in this process: only the interrupted one needs a process to kill.
+  tiny_run.configure_gin(corpus, STEPS)
+  tiny_run.run(tmp_path / "reference", "train")
   expected = dict(progress.read_scalars(str(tmp_path / "reference"), "loss"))
+  assert sorted(expected) == list(range(1, 31))
 
   model_dir = tmp_path / "interrupted"
   assert kill_after_checkpoint(model_dir, corpus, 10) == -signal.SIGKILL  # kill -9 mid-training
   resumed_at = latest_step(model_dir)
   assert 10 <= resumed_at < 30
+  assert (model_dir / "command").read_text().startswith(
+      tiny_run.main_command("", "")[0] + " -m mesh_tensorflow.transformer.main")
   finished = run_main(model_dir, corpus)  # the same command again
   assert finished.returncode == 0, finished.stderr[-3000:]
+  # The default output is the driver's own: no TensorFlow start-up or info lines, no warnings.
+  assert not re.search(r"oneDNN|cpu_feature_guard|^[IWE]\d{4} |WARNING:tensorflow", finished.stderr, re.M), \
+      finished.stderr[-3000:]
   assert f"Resuming from {model_dir}/model.ckpt-{resumed_at} at step {resumed_at}." in finished.stdout
+  assert re.search(r"^step 30/30  loss [\d.]+  lr ", finished.stdout, re.M)
   assert (model_dir / "command.1").exists()  # one command file per run
 
   losses = dict(progress.read_scalars(str(model_dir), "loss"))  # the last write of each step wins

@@ -14,16 +14,15 @@ import tensorflow.compat.v1 as tf
 from mesh_tensorflow._backends import placement
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer._train import checkpoints, decode, model_fn, progress
-from tests.transformer import tiny_run
+from tests.transformer import shared_runs, tiny_run
 from tests.transformer.tiny_run import run
 
+trained = shared_runs.trained  # the shared 6-step run (a fixture)
 
-def test_train_then_perplexity_eval_then_infer_then_score_and_export(tmp_path, corpus, capsys):
-  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES)
-  model_dir = tmp_path / "model"
-  trained = run(model_dir, "train")
-  out = capsys.readouterr().out
-  assert trained["step"] == 6 and math.isfinite(trained["loss"])
+
+def test_train_then_perplexity_eval_then_infer_then_score_and_export(tmp_path, corpus, trained):
+  model_dir, out = shared_runs.copy_model_dir(trained, tmp_path / "model"), trained.out
+  assert trained.result["step"] == 6 and math.isfinite(trained.result["loss"])
   assert "First training step done" in out
   assert len([line for line in out.splitlines() if line.startswith("step ")]) == 6
   assert [os.path.basename(p) for p in checkpoints.list_checkpoints(str(model_dir))] == ["model.ckpt-3",
@@ -36,6 +35,7 @@ def test_train_then_perplexity_eval_then_infer_then_score_and_export(tmp_path, c
   assert reader.get_tensor("global_step") == 6
   assert any("embedding" in name for name in reader.get_variable_to_shape_map())
 
+  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES)
   [result] = run(model_dir, "perplexity_eval", dataset_split="validation", eval_checkpoint_step=-1)
   assert result["step"] == 6 and result["dataset"] == "heldout"
   assert 0 < result["bits_per_token"] < math.log2(384)  # better than uniform over the padded vocabulary
@@ -76,56 +76,69 @@ def run_saved_model(export_dir: str, output: str, **texts):
                     {signature.inputs[k].name: np.array(v) for k, v in texts.items()})
 
 
-def test_a_checkpoint_of_a_different_model_is_refused_naming_the_variable_and_shapes(tmp_path, corpus):
-  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.train_steps = 3"])
-  run(tmp_path, "train")
-  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.train_steps = 4", "d_ff = 64"])
+def test_a_checkpoint_of_a_different_model_is_refused_naming_the_variable_and_shapes(tmp_path, corpus,
+                                                                                    trained):
+  model_dir = shared_runs.copy_model_dir(trained, tmp_path / "model")
+  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.train_steps = 7", "d_ff = 64"])
   with pytest.raises(checkpoints.CheckpointMismatchError,
                      match=r"DenseReluDense/wi/kernel' with shape \[16, 32\].*has shape \[16, 64\]"):
-    run(tmp_path, "train")
+    run(model_dir, "train")
 
 
-def test_init_checkpoint_warm_starts_a_fresh_model_dir_at_step_zero(tmp_path, corpus, capsys):
-  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.train_steps = 4"])
-  run(tmp_path / "pretrained", "train")
+def test_init_checkpoint_warm_starts_a_fresh_model_dir_at_step_zero(tmp_path, corpus, capsys, trained):
   tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.train_steps = 1"])
-  run(tmp_path / "fine_tuned", "train", init_checkpoint=str(tmp_path / "pretrained" / "model.ckpt-4"))
-  assert re.search(r"Initialised \d+ variables from init_checkpoint .*model.ckpt-4", capsys.readouterr().out)
-  pretrained = dict(progress.read_scalars(str(tmp_path / "pretrained"), "loss"))
+  run(tmp_path / "fine_tuned", "train", init_checkpoint=str(trained.model_dir / "model.ckpt-6"))
+  assert re.search(r"Initialised \d+ variables from init_checkpoint .*model.ckpt-6", capsys.readouterr().out)
+  pretrained = dict(progress.read_scalars(str(trained.model_dir), "loss"))
   [(step, loss)] = progress.read_scalars(str(tmp_path / "fine_tuned"), "loss")
   assert step == 1 and loss < pretrained[1]  # same first batch, but from the trained weights
 
 
-def test_training_continues_under_other_meshes_from_a_batch_8_checkpoint(tmp_path, corpus):
+DROPOUT_STEPS = 5
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_losses(tmp_path_factory) -> dict:
+  """name -> the losses of DROPOUT_STEPS uninterrupted steps: with dropout_rate 0.1 on one device
+  ("single") and on the 2x4 mesh ("2x4"), and without dropout on one device ("no_dropout")."""
+  directory = tmp_path_factory.mktemp("uninterrupted")
+  corpus = tiny_run.write_corpus(str(directory))
+  losses = {}
+  try:
+    for name, layout, dropout_rate in [("single", "layouts/single.gin", 0.1),
+                                       ("2x4", "layouts/cpu8_dp_mp.gin", 0.1),
+                                       ("no_dropout", "layouts/single.gin", 0.0)]:
+      tiny_run.configure_gin(corpus, [f"utils.run.train_steps = {DROPOUT_STEPS}",
+                                      f"utils.run.save_checkpoints_steps = {DROPOUT_STEPS}",
+                                      f"dropout_rate = {dropout_rate}"], layout=layout)
+      run(directory / name, "train")
+      losses[name] = [loss for _, loss in progress.read_scalars(str(directory / name), "loss")]
+  finally:
+    gin.clear_config()
+    utils.FLAGS.unparse_flags()
+  return losses
+
+
+def test_training_continues_under_other_meshes_from_a_batch_8_checkpoint(tmp_path, corpus,
+                                                                         uninterrupted_losses):
   """batch:8 for 3 steps, then batch:2;model:4 to step 4, then one device to step 5: the losses are
-  those of an uninterrupted batch:8 run, dropout masks included."""
+  those of an uninterrupted run, dropout masks included."""
   dropout = ["dropout_rate = 0.1"]
   data_parallel = ["utils.run.mesh_shape = 'batch:8'", "utils.run.layout_rules = 'batch:batch'"] + dropout
-  tiny_run.configure_gin(corpus, data_parallel + ["utils.run.train_steps = 5"])
-  run(tmp_path / "reference", "train")
-  reference = dict(progress.read_scalars(str(tmp_path / "reference"), "loss"))
   for steps, bindings, layout in [(3, data_parallel, "layouts/cpu8_dp_mp.gin"),
                                   (4, dropout, "layouts/cpu8_dp_mp.gin"), (5, dropout, "layouts/single.gin")]:
     tiny_run.configure_gin(corpus, bindings + [f"utils.run.train_steps = {steps}"], layout=layout)
     run(tmp_path / "continued", "train")
   continued = dict(progress.read_scalars(str(tmp_path / "continued"), "loss"))
   assert sorted(continued) == [1, 2, 3, 4, 5]
-  np.testing.assert_allclose([continued[s] for s in range(1, 6)], [reference[s] for s in range(1, 6)],
-                             rtol=2e-5)
+  np.testing.assert_allclose([continued[s] for s in range(1, 6)], uninterrupted_losses["single"], rtol=2e-5)
 
 
-def test_dropout_training_gives_the_same_losses_on_one_device_and_on_a_2x4_mesh(tmp_path, corpus):
-  """Dropout masks do not depend on the layout: 10 steps with dropout_rate 0.1 agree, and differ
-  from the same steps without dropout."""
-  losses = {}
-  runs = [("single", "layouts/single.gin", 0.1), ("2x4", "layouts/cpu8_dp_mp.gin", 0.1),
-          ("no_dropout", "layouts/single.gin", 0.0)]
-  for name, layout, dropout_rate in runs:
-    tiny_run.configure_gin(corpus, ["utils.run.train_steps = 10", "utils.run.save_checkpoints_steps = 10",
-                                    f"dropout_rate = {dropout_rate}"], layout=layout)
-    run(tmp_path / name, "train")
-    losses[name] = [loss for _, loss in progress.read_scalars(str(tmp_path / name), "loss")]
-  assert len(losses["single"]) == 10
+def test_dropout_training_gives_the_same_losses_on_one_device_and_on_a_2x4_mesh(uninterrupted_losses):
+  """Dropout masks do not depend on the layout: steps with dropout_rate 0.1 agree, and differ from
+  the same steps without dropout."""
+  losses = uninterrupted_losses
+  assert len(losses["single"]) == DROPOUT_STEPS
   np.testing.assert_allclose(losses["2x4"], losses["single"], rtol=2e-5)
   assert np.abs(np.array(losses["no_dropout"]) - losses["single"]).min() > 1e-4
 
