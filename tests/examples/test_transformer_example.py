@@ -53,7 +53,8 @@ def test_the_language_model_learns_evaluates_samples_and_draws_its_loss_curve(tm
 def test_the_reverse_task_reports_the_exact_match_of_its_decoded_held_out_strings(tmp_path, capsys):
   """README's exact match of 1.000 takes 1000 steps (minutes); two steps of a width-16 model reverse
   no string, and the reported exact match is the share of decodes that equal their targets."""
-  tiny = TINY_MODEL + ["utils.run.batch_size = 8", "data.transduction_dataset.num_eval_examples = 8"]
+  tiny = TINY_MODEL + ["utils.run.batch_size = 8", "data.transduction_dataset.num_eval_examples = 8",
+                       "data.transduction_dataset.num_train_examples = 64"]  # 2 steps read 16
   summary = train.main(["--task", "reverse", "--model_dir", str(tmp_path), "--train_steps", "2"]
                        + params(tiny))
   written = tmp_path / "validation_eval"
