@@ -91,15 +91,42 @@ def _train_and_save(path, mesh_shape, layout, masters, steps=2, **kwargs):
 
 def _restore(path, mesh_shape, layout, masters, **kwargs):
   """Restores `path` the usual way (init, restore, copy masters to slices); the values and a loss."""
+  return _restore_each([path], mesh_shape, layout, masters, **kwargs)[0]
+
+
+def _restore_each(paths, mesh_shape, layout, masters, **kwargs):
+  """(values, loss) of each checkpoint in `paths`, restored in turn into one program and session."""
   with tf.Graph().as_default():
     lowering, loss, _, values = _build(mesh_shape, layout, masters, **kwargs)
     init, copy_in = tf.global_variables_initializer(), lowering.copy_masters_to_slices()
     saver = tf.train.Saver()
     with tf.Session(config=session_config()) as sess:
-      sess.run(init)
-      saver.restore(sess, path)
-      sess.run(copy_in)
-      return sess.run(values), sess.run(loss)
+      restored = []
+      for path in paths:
+        sess.run(init)
+        saver.restore(sess, path)
+        sess.run(copy_in)
+        restored.append((sess.run(values), sess.run(loss)))
+      return restored
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """train(masters, **_build's options) -> (checkpoint path, losses, values) of 3 steps under
+  WRITTEN_UNDER; each distinct training runs once per module and is shared by the tests reading it."""
+  runs = {}
+
+  def train(masters, optimizer="adafactor", slice_dtype=tf.float32, backend="placement",
+            share_replicas=None):
+    key = (masters, optimizer, slice_dtype.name, backend, share_replicas)
+    if key not in runs:
+      path = str(tmp_path_factory.mktemp("trained") / "model")
+      losses, values = _train_and_save(path, *WRITTEN_UNDER, masters, steps=3, optimizer=optimizer,
+                                       slice_dtype=slice_dtype, backend=backend,
+                                       share_replicas=share_replicas)
+      runs[key] = path, losses, values
+    return runs[key]
+  return train
 
 
 def _assert_same(values, expected):
@@ -110,12 +137,15 @@ def _assert_same(values, expected):
 
 # ---- memory ----
 
-@pytest.mark.parametrize("share_replicas", [None, False])
-@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
-@pytest.mark.parametrize("mesh_shape,layout", [
-    ("all:8", "batch:all"),
-    ("all:8", "d_ff:all;vocab:all;d_kv:all"),
-    ("b:2;m:4", "batch:b;d_ff:m;heads:m;vocab:m"),
+# Every layout with both slice dtypes and both replica modes, and every (dtype, mode) pair: the
+# dtype scales each slice's bytes, the mode decides where replicas live, independently.
+@pytest.mark.parametrize("mesh_shape,layout,dtype,share_replicas", [
+    ("all:8", "batch:all", tf.float32, None),
+    ("all:8", "batch:all", tf.bfloat16, False),
+    ("all:8", "d_ff:all;vocab:all;d_kv:all", tf.float32, False),
+    ("all:8", "d_ff:all;vocab:all;d_kv:all", tf.bfloat16, None),
+    ("b:2;m:4", "batch:b;d_ff:m;heads:m;vocab:m", tf.float32, None),
+    ("b:2;m:4", "batch:b;d_ff:m;heads:m;vocab:m", tf.bfloat16, False),
 ])
 def test_no_device_holds_more_variable_bytes_than_its_slices_need(mesh_shape, layout, dtype,
                                                                    share_replicas):
@@ -168,10 +198,8 @@ def test_bfloat16_slices_are_checkpointed_as_float32_without_a_float32_copy():
 
 # ---- checkpoints ----
 
-def test_a_sliced_checkpoint_holds_every_variable_whole_in_the_master_dtype(tmp_path):
-  whole, sliced = str(tmp_path / "whole"), str(tmp_path / "sliced")
-  _train_and_save(whole, *WRITTEN_UNDER, "whole", slice_dtype=tf.bfloat16)
-  _train_and_save(sliced, *WRITTEN_UNDER, "sliced", slice_dtype=tf.bfloat16)
+def test_a_sliced_checkpoint_holds_every_variable_whole_in_the_master_dtype(trained):
+  whole, sliced = trained("whole", slice_dtype=tf.bfloat16)[0], trained("sliced", slice_dtype=tf.bfloat16)[0]
   expected, got = tf.train.load_checkpoint(whole), tf.train.load_checkpoint(sliced)
   assert got.get_variable_to_shape_map() == expected.get_variable_to_shape_map()
   assert got.get_variable_to_dtype_map() == expected.get_variable_to_dtype_map()
@@ -181,28 +209,29 @@ def test_a_sliced_checkpoint_holds_every_variable_whole_in_the_master_dtype(tmp_
     np.testing.assert_array_equal(got.get_tensor(name), expected.get_tensor(name), err_msg=name)
 
 
-@pytest.mark.parametrize("written,read", [("sliced", "sliced"), ("sliced", "whole"), ("whole", "sliced")])
-def test_checkpoints_restore_bit_identically_under_other_meshes_and_modes(tmp_path, written, read):
-  path = str(tmp_path / "model")
-  _, saved = _train_and_save(path, *WRITTEN_UNDER, written)
-  reference_loss = None
+@pytest.mark.parametrize("read,written", [("sliced", ["sliced", "whole"]), ("whole", ["sliced"])],
+                         ids=["sliced_and_whole_into_sliced", "sliced_into_whole"])
+def test_checkpoints_restore_bit_identically_under_other_meshes_and_modes(trained, read, written):
+  """Each checkpoint written (sliced or whole masters) restores into `read` masters on every mesh."""
+  checkpoints = [trained(masters) for masters in written]
+  reference_loss = {}
   for mesh_shape, layout in READ_UNDER:
-    values, loss = _restore(path, mesh_shape, layout, read)
-    _assert_same(values, saved)
-    reference_loss = loss if reference_loss is None else reference_loss
-    np.testing.assert_allclose(loss, reference_loss, rtol=1e-6)
+    restored = _restore_each([path for path, _, _ in checkpoints], mesh_shape, layout, read)
+    for masters, (_, _, saved), (values, loss) in zip(written, checkpoints, restored):
+      _assert_same(values, saved)
+      reference_loss.setdefault(masters, loss)
+      np.testing.assert_allclose(loss, reference_loss[masters], rtol=1e-6,
+                                 err_msg=f"{masters} masters' checkpoint read under {mesh_shape}")
 
 
-def test_a_bfloat16_sliced_checkpoint_restores_into_float32_whole_masters(tmp_path):
-  path = str(tmp_path / "model")
-  _, saved = _train_and_save(path, *WRITTEN_UNDER, "sliced", slice_dtype=tf.bfloat16)
+def test_a_bfloat16_sliced_checkpoint_restores_into_float32_whole_masters(trained):
+  path, _, saved = trained("sliced", slice_dtype=tf.bfloat16)
   values, _ = _restore(path, "all:4", "hidden:all", "whole")
   _assert_same(values, saved)
 
 
-def test_a_checkpoint_of_whole_masters_restores_into_bfloat16_sliced_parts(tmp_path):
-  path = str(tmp_path / "model")
-  _, saved = _train_and_save(path, *WRITTEN_UNDER, "whole", slice_dtype=tf.bfloat16)
+def test_a_checkpoint_of_whole_masters_restores_into_bfloat16_sliced_parts(trained):
+  path, _, saved = trained("whole", slice_dtype=tf.bfloat16)
   for mesh_shape, layout in READ_UNDER:
     values, _ = _restore(path, mesh_shape, layout, "sliced", slice_dtype=tf.bfloat16)
     _assert_same(values, saved)
@@ -240,31 +269,28 @@ def test_monitored_session_hooks_resume_a_sliced_run_as_if_uninterrupted(tmp_pat
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("slice_dtype", [tf.float32, tf.bfloat16])
-def test_training_is_the_same_as_with_whole_masters(tmp_path, optimizer, slice_dtype):
-  runs = {masters: _train_and_save(str(tmp_path / masters), *WRITTEN_UNDER, masters, steps=3,
-                                   optimizer=optimizer, slice_dtype=slice_dtype)
-          for masters in ("whole", "sliced")}
-  np.testing.assert_array_equal(runs["sliced"][0], runs["whole"][0])
-  _assert_same(runs["sliced"][1], runs["whole"][1])
+def test_training_is_the_same_as_with_whole_masters(trained, optimizer, slice_dtype):
+  (_, sliced_losses, sliced), (_, whole_losses, whole) = (
+      trained(masters, optimizer, slice_dtype) for masters in ("sliced", "whole"))
+  np.testing.assert_array_equal(sliced_losses, whole_losses)
+  _assert_same(sliced, whole)
 
 
 @pytest.mark.parametrize("slice_dtype", [tf.float32, tf.bfloat16])
-def test_a_slice_variable_per_processor_trains_and_saves_as_shared_ones(tmp_path, slice_dtype):
-  runs = {share: _train_and_save(str(tmp_path / str(share)), *WRITTEN_UNDER, "sliced", steps=3,
-                                 optimizer="adam", slice_dtype=slice_dtype, share_replicas=share)
-          for share in (None, False)}
-  np.testing.assert_array_equal(runs[False][0], runs[None][0])
-  _assert_same(runs[False][1], runs[None][1])
-  values, _ = _restore(str(tmp_path / "False"), "all:8", "hidden:all", "sliced", optimizer="adam",
-                       slice_dtype=slice_dtype)
-  _assert_same(values, runs[None][1])
+def test_a_slice_variable_per_processor_trains_and_saves_as_shared_ones(trained, slice_dtype):
+  _, shared_losses, shared = trained("sliced", "adam", slice_dtype)
+  path, own_losses, own = trained("sliced", "adam", slice_dtype, share_replicas=False)
+  np.testing.assert_array_equal(own_losses, shared_losses)
+  _assert_same(own, shared)
+  values, _ = _restore(path, "all:8", "hidden:all", "sliced", optimizer="adam", slice_dtype=slice_dtype)
+  _assert_same(values, shared)
 
 
-def test_the_collective_backend_has_sliced_masters_too(tmp_path):
-  _, expected = _train_and_save(str(tmp_path / "whole"), *WRITTEN_UNDER, "whole")
-  _, got = _train_and_save(str(tmp_path / "sliced"), *WRITTEN_UNDER, "sliced", backend="collective")
+def test_the_collective_backend_has_sliced_masters_too(trained):
+  _, _, expected = trained("whole")
+  path, _, got = trained("sliced", backend="collective")
   _assert_same(got, expected)
-  values, _ = _restore(str(tmp_path / "sliced"), "all:8", "hidden:all", "whole")
+  values, _ = _restore(path, "all:8", "hidden:all", "whole")
   _assert_same(values, expected)
 
 

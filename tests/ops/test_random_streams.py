@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import mesh_tensorflow as mtf
 from tests.harness import (
-    MAX_EXAMPLES, MODES, cpu_devices, lower_and_evaluate, mesh_and_layout, session_config)
+    BACKENDS, MAX_EXAMPLES, MODES, cpu_devices, lower_and_evaluate, mesh_and_layout, session_config)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZES = {"a": 8, "b": 12, "c": 16}
@@ -34,13 +34,13 @@ def draws(mesh, shape=SHAPE) -> list:
           mtf.dropout(mtf.ones(mesh, shape), rate=0.3)]
 
 
-def lower(mesh_shape="all:1", layout="", build=draws, random_position=None) -> list:
-  """Builds `build(mesh)` and lowers it in the current mode; returns the TF tensors."""
+def lower(mesh_shape="all:1", layout="", build=draws, random_position=None, backend="placement") -> list:
+  """Builds `build(mesh)` and lowers it on `backend` in the current mode; returns the TF tensors."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   outputs = build(mesh)
   mesh_shape = mtf.convert_to_shape(mesh_shape)
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, cpu_devices(mesh_shape.size))
+  impl = BACKENDS[backend](mesh_shape, layout, cpu_devices(mesh_shape.size))
   lowering = mtf.Lowering(graph, {mesh: impl}, random_position=random_position)
   return [lowering.export_to_tf_tensor(x) for x in outputs]
 
@@ -179,11 +179,16 @@ def test_normal_values_do_not_depend_on_the_slice_size():
       assert_all_equal(lower_and_evaluate(build, mesh_shape, "a:all", mode, seed=3), expected)
 
 
-@pytest.mark.parametrize("backend", ["collective", "collective_tf_ops", "placement_unshared"])
-def test_other_backends_draw_the_placement_backends_values(backend):
-  expected = lower_and_evaluate(draws, "r:2;c:4", "a:r;c:c", "graph", seed=2)
-  assert_all_equal(lower_and_evaluate(draws, "r:2;c:4", "a:r;c:c", "graph", seed=2, backend=backend),
-                   expected)
+def test_other_backends_draw_the_placement_backends_values():
+  backends = ["placement", "collective", "collective_tf_ops", "placement_unshared"]
+  with tf.Graph().as_default():
+    tf.set_random_seed(2)
+    outputs = [lower("r:2;c:4", "a:r;c:c", backend=backend) for backend in backends]
+    with tf.Session(config=session_config()) as session:  # one session: the draw compiles once
+      expected, *others = session.run(outputs)
+  for backend, values in zip(backends[1:], others):
+    for kind, (x, y) in enumerate(zip(values, expected)):
+      np.testing.assert_array_equal(x, y, err_msg=f"{backend}, draw {kind}")
 
 
 def test_dropout_keeps_each_element_with_probability_keep_prob_independently():
@@ -241,45 +246,49 @@ def test_the_dry_run_counts_no_communication_for_random_ops():
   assert not result.events and result.bytes_sent == 0
 
 
+# Every seeded case on both backends; the unseeded one on the placement backend.
+PROCESS_CASES = [(21, "placement"), (21, "collective"), (22, "placement"), (22, "collective"),
+                 (None, "placement")]
+
+
+def three_runs_of_each_case() -> dict:
+  """{"<graph seed> <backend>": three session runs of `draws`}, every case lowered in one program.
+
+  Each case's seed is the graph seed while its random ops are lowered (their keys read it then);
+  the cases share the session, so the draw's XLA function compiles once for all of them.
+  """
+  with tf.Graph().as_default():
+    tensors = {}
+    for seed, backend in PROCESS_CASES:
+      tf.set_random_seed(seed)
+      outputs = lower("r:2;c:4", "a:r;c:c", backend=backend)
+      tensors[f"{seed} {backend}"] = [tf.cast(x, tf.float64) for x in outputs]  # JSON-ready
+    with tf.Session(config=session_config()) as session:
+      runs = [session.run(tensors) for _ in range(3)]
+  return {key: [[v.tolist() for v in run[key]] for run in runs] for key in tensors}
+
+
 _PROCESS_SCRIPT = """
 import json
-import tensorflow.compat.v1 as tf
-import mesh_tensorflow as mtf
-from tests.harness import BACKENDS, session_config
-from tests.ops.test_random_streams import draws
-runs = {}
-for seed in [21, 22, None]:
-  for backend in ["placement", "collective"]:
-    with tf.Graph().as_default():
-      if seed is not None:
-        tf.set_random_seed(seed)
-      graph = mtf.Graph()
-      mesh = mtf.Mesh(graph, "mesh")
-      outputs = draws(mesh)
-      impl = BACKENDS[backend]("r:2;c:4", "a:r;c:c", ["cpu:%d" % i for i in range(8)])
-      lowering = mtf.Lowering(graph, {mesh: impl})
-      tensors = [tf.cast(lowering.export_to_tf_tensor(x), tf.float64) for x in outputs]
-      with tf.Session(config=session_config()) as session:
-        runs[f"{seed} {backend}"] = [[v.tolist() for v in session.run(tensors)] for _ in range(3)]
-print(json.dumps(runs))
+from tests.ops.test_random_streams import three_runs_of_each_case
+print(json.dumps({"hash": hash("mesh_tensorflow"), "runs": three_runs_of_each_case()}))
 """
 
 
-def runs_in_fresh_processes(hash_seeds) -> list:
-  """Per PYTHONHASHSEED, {"<graph seed> <backend>": three runs of `draws`}, each in a process of its own."""
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  processes = [subprocess.Popen([sys.executable, "-c", _PROCESS_SCRIPT], cwd=ROOT, text=True,
-                                env=dict(env, PYTHONHASHSEED=h), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE) for h in hash_seeds]
-  outputs = [p.communicate(timeout=300) for p in processes]
-  assert all(p.returncode == 0 for p in processes), [err[-3000:] for _, err in outputs]
-  return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
-
-
 def test_processes_with_one_seed_draw_the_same_runs_on_both_backends_and_other_seeds_differ():
-  first, second = runs_in_fresh_processes(["1", "2"])
+  """This process and a fresh one with another PYTHONHASHSEED (string hashes differ) draw alike."""
+  hash_seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED=hash_seed)
+  process = subprocess.Popen([sys.executable, "-c", _PROCESS_SCRIPT], cwd=ROOT, text=True, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  first = three_runs_of_each_case()  # while the other process runs
+  out, err = process.communicate(timeout=300)
+  assert process.returncode == 0, err[-3000:]
+  other = json.loads(out.strip().splitlines()[-1])
+  assert other["hash"] != hash("mesh_tensorflow")  # the processes hash strings differently
+  second = other["runs"]
   for key in ["21 placement", "21 collective", "22 placement", "22 collective"]:
-    assert first[key] == second[key]
+    assert first[key] == second[key], key
   assert first["21 placement"] == first["21 collective"]
   assert first["21 placement"] != first["22 placement"]
   assert first["21 placement"][0] != first["21 placement"][1] != first["21 placement"][2]
