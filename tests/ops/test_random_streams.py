@@ -101,7 +101,7 @@ def test_eager_lowerings_draw_fresh_values_and_set_seed_restarts_the_sequence():
 
 def test_a_tf_function_draws_fresh_values_at_every_call():
   tf2.random.set_seed(3)
-  step = tf2.function(lambda: lower("all:4", "b:all"))
+  step = tf2.function(lambda: lower("all:2", "b:all"))  # each device compiles the draw: two suffice
   first, second, third = step(), step(), step()
   assert_all_differ(first, second)
   assert_all_differ(second, third)
