@@ -281,7 +281,11 @@ def test_processes_with_one_seed_draw_the_same_runs_on_both_backends_and_other_s
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED=hash_seed)
   process = subprocess.Popen([sys.executable, "-c", _PROCESS_SCRIPT], cwd=ROOT, text=True, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  first = three_runs_of_each_case()  # while the other process runs
+  try:
+    first = three_runs_of_each_case()  # while the other process runs
+  except BaseException:
+    process.kill()
+    raise
   out, err = process.communicate(timeout=300)
   assert process.returncode == 0, err[-3000:]
   other = json.loads(out.strip().splitlines()[-1])
