@@ -19,7 +19,7 @@ import json, os, signal, sys
 import __main__
 print(json.dumps({
     "argv": sys.argv, "cwd": os.getcwd(), "path": sys.path, "name": __name__,
-    "main_file": getattr(__main__, "__file__", None), "env": os.environ.get("WARM_PROBE"),
+    "main_file": getattr(__main__, "__file__", None), "env": dict(os.environ),
     "sigint": str(signal.getsignal(signal.SIGINT)), "sigterm": str(signal.getsignal(signal.SIGTERM)),
     "stdin": sys.stdin.read()}))
 """
@@ -32,22 +32,13 @@ def _both(args: list, cwd, env: dict) -> tuple:
   return fresh, warm
 
 
-@pytest.fixture(scope="module")
-def probe_folder(tmp_path_factory):
-  """A folder with the probe as a module, on PYTHONPATH: one environment, so one warm interpreter."""
-  folder = tmp_path_factory.mktemp("probe")
-  (folder / "probe_mod.py").write_text(PROBE)
-  return folder
-
-
 @pytest.mark.parametrize("form", ["script", "module", "code"])
-def test_a_program_starts_with_the_argv_cwd_path_environment_and_handlers_of_a_fresh_one(form, probe_folder,
-                                                                                           tmp_path):
-  args = {"script": [str(probe_folder / "probe_mod.py"), "a", "--b=1"],
+def test_a_program_starts_with_the_argv_cwd_path_environment_and_handlers_of_a_fresh_one(form, tmp_path):
+  (tmp_path / "probe_mod.py").write_text(PROBE)   # `-m probe_mod` finds it in the working directory
+  args = {"script": [str(tmp_path / "probe_mod.py"), "a", "--b=1"],
           "module": ["-m", "probe_mod", "a", "--b=1"],
           "code": ["-c", PROBE, "a", "--b=1"]}[form]
-  env = dict(os.environ, WARM_PROBE="yes", PYTHONPATH=str(probe_folder))
-  fresh, warm = _both(args, tmp_path, env)
+  fresh, warm = _both(args, tmp_path, dict(os.environ))   # this environment's warm interpreter
   assert fresh.returncode == warm.returncode == 0, (fresh.stderr, warm.stderr)
   assert json.loads(warm.stdout) == json.loads(fresh.stdout)
 

@@ -171,6 +171,7 @@ def _draw(impl, lo):
   return impl.random(shape, tf.random.uniform, {"maxval": 10.0}, key=random_bits.stream_key(42, [7]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["", "a:rows", "b:cols", "a:cols;b:rows"])
 def test_random_draws_are_slices_of_one_tensor_whatever_the_layout_and_backend(run, layout):
   got = run(layout, _draw)

@@ -112,6 +112,7 @@ def test_gpu_meshes_keep_tf_einsum(eigen_matmuls):
   assert "Einsum" in types and "MatMul" not in types
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("onednn,blocks", [("0", True), ("1", False)])
 def test_blocks_help_follows_tfs_onednn_switch(onednn, blocks):
   code = "from mesh_tensorflow._backends import cpu_contraction; print(cpu_contraction.blocks_help())"

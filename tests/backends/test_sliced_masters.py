@@ -21,6 +21,9 @@ from benchmarks.bench_transformer import needed_bytes_per_processor, ops_run_by,
 from mesh_tensorflow.collective_mesh_impl import Cluster, CollectiveMeshImpl
 from tests.harness import cpu_devices, session_config
 
+# One worker runs the module: its trainings are shared by its tests, done once.
+pytestmark = [pytest.mark.xdist_group("sliced_masters"), pytest.mark.slow]
+
 OPTIMIZERS = {
     "sgd": lambda: mtf.optimize.SgdOptimizer(0.1),
     "adafactor": lambda: mtf.optimize.AdafactorOptimizer(),

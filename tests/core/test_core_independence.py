@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import mesh_tensorflow as mtf
 
 PACKAGE = pathlib.Path(mtf.__file__).parent
@@ -53,6 +55,7 @@ print(sorted(m for m in sys.modules if m.startswith("mesh_tensorflow")))
 """
 
 
+@pytest.mark.slow
 def test_core_loads_and_runs_without_any_op_family():
   out = subprocess.run([sys.executable, "-c", _STANDALONE], capture_output=True, text=True, check=True)
   loaded = ast.literal_eval(out.stdout.strip().splitlines()[-1])

@@ -5,9 +5,12 @@ from __future__ import annotations
 import pathlib
 import subprocess
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_api_reference_documents_the_public_entry_points(tmp_path):
   out = tmp_path / "api"
   subprocess.run(["bash", str(ROOT / "scripts" / "build_api_docs.sh"), str(out)], check=True, timeout=300,

@@ -70,6 +70,7 @@ NOT_RUN = {
     ("bash", "scripts/setup_original.sh"): "downloads mesh-tensorflow 0.1.21 from PyPI: needs the network",
     (".venv/bin/python", "-m", "pytest", "-q", "-s", "tests/differential"):
         "needs the original from PyPI (scripts/setup_original.sh: network) and runs for minutes",
+    (".venv/bin/python", "-m", "pytest"): "runs tests of this suite, which runs them itself",
 }
 NEEDS_A_TPU = "needs a Cloud TPU (tests/transformer/test_tpu_path.py covers what runs without one)"
 
@@ -305,6 +306,7 @@ def command_id(x) -> str:
   return x.where if isinstance(x, Block) else " ".join(x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block,argv", commands(all_blocks()), ids=command_id)
 def test_command_runs_and_prints_what_the_page_says(block, argv, tmp_path):
   why_not_run = next((why for words, why in NOT_RUN.items() if tuple(argv[:len(words)]) == words), None)

@@ -13,6 +13,8 @@ from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer._train import progress
 
+pytestmark = pytest.mark.slow  # trains and decodes the example end to end
+
 TINY_MODEL = ["num_layers = 1", "d_model = 16", "d_ff = 32", "num_heads = 8", "d_kv = 2"]
 TINY_LM = TINY_MODEL + ["utils.run.sequence_length = {'inputs': 16, 'targets': 16}",
                         "Unitransformer.max_length = 16", "utils.run.batch_size = 8"]

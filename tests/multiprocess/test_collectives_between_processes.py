@@ -21,6 +21,8 @@ from mesh_tensorflow.collective_mesh_impl import Cluster, CollectiveMeshImpl
 from tests.multiprocess import collectives_script
 from tests.multiprocess.launching import ROOT, SHAPES, launch_script, shared_launch
 
+pytestmark = pytest.mark.slow  # launched clusters of TensorFlow processes
+
 SCRIPT = os.path.join(ROOT, "tests", "multiprocess", "collectives_script.py")
 STALL_TIMEOUT = 2.0  # seconds: nothing else runs in that launch, so no real step must fit in it
 

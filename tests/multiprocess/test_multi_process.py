@@ -18,6 +18,8 @@ import tensorflow.compat.v1 as tf
 from tests.multiprocess import train_script
 from tests.multiprocess.launching import LAYOUTS, SHAPES, STEPS, kill_a_peer_without_launcher
 
+pytestmark = pytest.mark.slow  # launched clusters of TensorFlow processes
+
 KILLED_SHAPE = (2, 4)
 
 

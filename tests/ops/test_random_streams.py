@@ -55,6 +55,7 @@ def assert_all_equal(first: list, second: list) -> None:
     np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
 def test_every_session_run_draws_fresh_values_and_the_sequence_repeats_with_the_seed():
   def three_runs():
     with tf.Graph().as_default():
@@ -99,6 +100,7 @@ def test_eager_lowerings_draw_fresh_values_and_set_seed_restarts_the_sequence():
   assert_all_differ(lower(), first)
 
 
+@pytest.mark.slow
 def test_a_tf_function_draws_fresh_values_at_every_call():
   tf2.random.set_seed(3)
   step = tf2.function(lambda: lower("all:2", "b:all"))  # each device compiles the draw: two suffice
@@ -156,6 +158,7 @@ def shapes_meshes_layouts(draw):
   return sizes, mesh_shape, layout, draw(st.sampled_from(MODES))
 
 
+@pytest.mark.slow
 @settings(max_examples=MAX_EXAMPLES, deadline=None)
 @given(shapes_meshes_layouts())
 def test_values_are_the_same_on_one_device_and_under_any_mesh_and_layout(case):
@@ -167,6 +170,7 @@ def test_values_are_the_same_on_one_device_and_under_any_mesh_and_layout(case):
   assert_all_equal(actual, expected)
 
 
+@pytest.mark.slow
 def test_normal_values_do_not_depend_on_the_slice_size():
   """TF's erfinv kernel is 1 ulp apart on its vectorised and scalar paths (slices of 3 elements
   take the scalar one, the whole tensor the vectorised one); the draw's XLA function is not."""
@@ -179,6 +183,7 @@ def test_normal_values_do_not_depend_on_the_slice_size():
       assert_all_equal(lower_and_evaluate(build, mesh_shape, "a:all", mode, seed=3), expected)
 
 
+@pytest.mark.slow
 def test_other_backends_draw_the_placement_backends_values():
   backends = ["placement", "collective", "collective_tf_ops", "placement_unshared"]
   with tf.Graph().as_default():
@@ -275,6 +280,7 @@ print(json.dumps({"hash": hash("mesh_tensorflow"), "runs": three_runs_of_each_ca
 """
 
 
+@pytest.mark.slow
 def test_processes_with_one_seed_draw_the_same_runs_on_both_backends_and_other_seeds_differ():
   """This process and a fresh one with another PYTHONHASHSEED (string hashes differ) draw alike."""
   hash_seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"

@@ -149,6 +149,7 @@ def test_warm_starting_maps_names_and_skips_filtered_variables(tmp_path):
       np.testing.assert_array_equal(sess.run(skipped), np.zeros([8, 1]))
 
 
+@pytest.mark.slow
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint_latest_and_intact(tmp_path):
   # The fault is injected here: Saver.save of step 2 kills its process once the data is written,
   # before the checkpoint is complete, as a crash during the save would.

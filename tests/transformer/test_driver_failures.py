@@ -23,6 +23,9 @@ from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
 from tests.transformer import shared_runs, tiny_run
 from tests.transformer.tiny_run import run
 
+# One worker runs the modules reading shared_runs.py's training, so it is done once.
+pytestmark = [pytest.mark.xdist_group("tiny_transformer_run"), pytest.mark.slow]
+
 trained = shared_runs.trained  # the shared 6-step run (a fixture)
 
 

@@ -84,6 +84,7 @@ def eval_input_fn(params):
   return copy_dataset(None, VOCAB, "validation").batch(params["batch_size"])
 
 
+@pytest.mark.slow
 def test_the_originals_call_sequence_trains_resumes_evaluates_scores_decodes_and_exports(tmp_path, tiny_gin,
                                                                                          capsys):
   model_dir = tmp_path / "model"
@@ -299,6 +300,7 @@ def test_decode_from_dataset_writes_predictions_targets_and_inputs(model_dir_at_
                               infer_dataset_fn=copy_eval_datasets, decode_output_dir=str(out))
 
 
+@pytest.mark.slow
 def test_model_fn_options_warm_start_filter_outer_batch_info_file_and_predict_fn(tmp_path, tiny_gin, capsys):
   """init_checkpoint with init_variable_filter loads exactly the matching variables; outer_batch_size
   2 trains; model_info_file gets the lowering's log; predict_fn replaces the scores."""

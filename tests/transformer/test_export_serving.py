@@ -26,6 +26,9 @@ from mesh_tensorflow.transformer._train import export, loop
 from tests.transformer import shared_runs, tiny_run
 from tests.transformer.tiny_run import run
 
+# One worker runs the modules reading shared_runs.py's training, so it is done once.
+pytestmark = [pytest.mark.xdist_group("tiny_transformer_run"), pytest.mark.slow]
+
 BATCH_SIZE = 8  # tiny_run.TINY's utils.run.batch_size
 LM_PROMPTS = ["line 3: the", "line", "x"]
 LM_TARGETS = ["line 1: the quick", "zzzz qqqq xxxx", "line"]

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,6 +48,7 @@ _BLOCKED_IMPORT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_import_needs_no_optional_package_and_tfds_functions_name_it():
   result = subprocess.run([sys.executable, "-c", _BLOCKED_IMPORT_SCRIPT], cwd=REPO, capture_output=True,
                           text=True, timeout=300)

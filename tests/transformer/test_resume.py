@@ -8,9 +8,12 @@ import subprocess
 import time
 
 import numpy as np
+import pytest
 
 from mesh_tensorflow.transformer._train import checkpoints, progress
 from tests.transformer import tiny_run
+
+pytestmark = pytest.mark.slow  # kills and resumes training processes
 
 # With dropout on: a resumed run must also draw the masks an uninterrupted run would have.
 STEPS = tiny_run.TWO_DEVICES + ["utils.run.train_steps = 30", "utils.run.save_checkpoints_steps = 5",

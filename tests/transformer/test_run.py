@@ -17,6 +17,9 @@ from mesh_tensorflow.transformer._train import checkpoints, decode, model_fn, pr
 from tests.transformer import shared_runs, tiny_run
 from tests.transformer.tiny_run import run
 
+# One worker runs the modules reading shared_runs.py's training, so it is done once.
+pytestmark = [pytest.mark.xdist_group("tiny_transformer_run"), pytest.mark.slow]
+
 trained = shared_runs.trained  # the shared 6-step run (a fixture)
 
 

@@ -259,6 +259,7 @@ def _emulated_tpu_losses(model, config, batches, l2p, monkeypatch):
   return losses, names
 
 
+@pytest.mark.slow
 def test_replica_step_on_emulated_tpu_replicas_gives_the_placement_losses(tmp_path, tiny_model, monkeypatch):
   mesh_shape = "batch:2;model:2"
   model = tiny_model(mesh_shape)
