@@ -15,9 +15,10 @@ if [ "${1:-}" = "--quick" ]; then
 fi
 bash scripts/setup_env.sh
 .venv/bin/ruff check .
-started=$SECONDS
+tests_started=$SECONDS
 status=0
 .venv/bin/python -m pytest -n 2 --dist loadgroup -q --durations=25 "${selection[@]}" "$@" || status=$?
-elapsed=$((SECONDS - started))
-echo "run_tests.sh: $what ran in $((elapsed / 60)) min $((elapsed % 60)) s on $(nproc) cores (exit status $status)"
+tests=$((SECONDS - tests_started))
+echo "run_tests.sh: $what ran in $((tests / 60)) min $((tests % 60)) s on $(nproc) cores, $((SECONDS / 60)) min" \
+     "$((SECONDS % 60)) s with the install and lint (exit status $status)"
 exit "$status"
