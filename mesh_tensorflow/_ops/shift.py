@@ -114,11 +114,13 @@ def dynamic_shift(x: Tensor, offset: Tensor, dim: Dimension, wrap: bool) -> Tens
                      f"be a subset of x.shape.")
   tmp_dim = Dimension("dynamic_shift_tmp", dim.size)
   x_tmp = reshape_ops.replace_dimensions(x, dim, tmp_dim)
-  source = io_ops.mtf_range(x.mesh, tmp_dim, dtype=tf.int32) + offset
+  # [offset dims..., tmp, dim]: when x is [others..., dim] (a decoded batch), x_tmp broadcasts to
+  # this order and the sum over tmp leaves x's order, so no slice is transposed
+  source = offset + io_ops.mtf_range(x.mesh, tmp_dim, dtype=tf.int32)
   if wrap:
     source = binary_ops.mod(source, dim.size)
   perm = elementwise_ops.cast(
-      binary_ops.equal(io_ops.mtf_range(x.mesh, dim, dtype=tf.int32), source), x.dtype)
+      binary_ops.equal(source, io_ops.mtf_range(x.mesh, dim, dtype=tf.int32)), x.dtype)
   return einsum_ops.einsum([x_tmp, perm], output_shape=x.shape)
 
 
