@@ -62,7 +62,7 @@ NOT_RUN = {
     ("pip", "install"): "installs packages from PyPI: needs the network",
     (".venv/bin/pip", "install"): "installs packages from PyPI: needs the network",
     ("bash", "scripts/setup_env.sh"): "installs packages from PyPI: needs the network",
-    ("bash", "scripts/run_tests.sh"): "installs packages (network), then runs the whole suite, this test "
+    ("bash", "scripts/run_tests.sh"): "installs packages (network), then runs the tests, this one "
                                       "included",
     ("bash", "scripts/run_example.sh"): "installs packages (network) first; the example it then runs is the "
                                         "`python -m examples.transformer.train` commands, run here",
