@@ -3,8 +3,9 @@
 The count is a simple, documented model: an einsum costs 2 flops (multiply and add) per element
 of the union of its input and output dimensions; a convolution 2 flops per output element per
 filter element it sums over; every other op with floating-point outputs one flop per element
-of its largest input or output slice; variables, constants, imports and pure data movement
-(reshape, rename, stop_gradient) cost nothing. Each count is divided by the number of
+of its largest input or output slice; variables, constants, imports, pure data movement
+(reshape, rename, stop_gradient) and pass-throughs (depend, custom_gradient's outputs) cost
+nothing. Each count is divided by the number of
 processors its split dimensions spread it over.
 """
 
@@ -23,6 +24,8 @@ _FREE = frozenset(
     "StopGradient",
     "Assign",
     "Depend",
+    "SoftDepend",
+    "CustomGradientOperation",
     "RangeOperation",
     "PrintOperation",
   }

@@ -20,7 +20,8 @@ class CostReport:
 
   Attributes:
     events: the CommEvents of a dry run (exactly those a real lowering records).
-    op_flops: {op name: FLOPs per processor}.
+    op_flops: {op name: FLOPs per processor}, summed over the ops of one name (recompute_grad's
+      copies of a forward op keep its name).
     memory: a MemoryReport (variables, optimizer state, activation peak).
     compute_s, comm_s, overhead_s: the time model's three terms; step_s their sum.
   """
@@ -91,7 +92,9 @@ def estimate_cost(
   layout_rules = convert_to_layout_rules(layout_rules)
   tm = time_model_lib.get_time_model(time_model).for_mesh(mesh_shape)
   events = dry_run(graph, mesh_shape, layout_rules).events
-  op_flops = {op.name: flops_lib.op_flops(op, mesh_shape, layout_rules) for op in graph.operations}
+  op_flops = collections.Counter()
+  for op in graph.operations:
+    op_flops[op.name] += flops_lib.op_flops(op, mesh_shape, layout_rules)
   memory = memory_lib.estimate_memory(
     graph, mesh_shape, layout_rules, outputs, scheduler_alg, schedule, events=events
   )
@@ -103,7 +106,7 @@ def estimate_cost(
     mesh_shape=mesh_shape,
     layout_rules=layout_rules,
     events=tuple(events),
-    op_flops=op_flops,
+    op_flops=dict(op_flops),
     num_ops=num_ops,
     memory=memory,
     time_model=tm,

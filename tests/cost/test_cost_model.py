@@ -86,3 +86,27 @@ def test_calibration_measures_rates_of_a_cpu_in_seconds_on_the_virtual_devices()
   assert 1e6 < tm.flops_per_s < 1e13, tm
   assert 1e-6 <= tm.latency_s < 1.0 and 0 <= tm.op_overhead_s < 0.1, tm
   assert tm.bandwidth_bytes_per_s > 0, tm   # a difference of two short timings: no useful upper bound
+
+
+def test_recompute_grad_adds_the_forward_flops_of_the_recomputed_layer():
+  """recompute_grad's copies of the forward ops keep their names; each copy's FLOPs still count."""
+  def training_graph(recompute: bool):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.random_uniform(mesh, "b:8;i:16")
+    w = mtf.get_variable(mesh, "w", "i:16;j:32")
+
+    def layer(x):
+      return mtf.tanh(mtf.einsum([x, w], "b:8;j:32", name="matmul"))
+    y = mtf.recompute_grad(layer, [x]) if recompute else layer(x)
+    mtf.gradients([mtf.reduce_sum(y)], [w])
+    return graph
+
+  def report(graph):
+    return cost_model.estimate_cost(graph, "x:2", "b:x")
+  plain, recomputed = report(training_graph(False)), report(training_graph(True))
+  forward_matmul = 2 * 8 * 16 * 32 // 2
+  forward_tanh = 8 * 32 // 2
+  assert plain.op_flops["matmul"] == forward_matmul
+  assert recomputed.op_flops["matmul"] == 2 * forward_matmul      # the original and its copy
+  assert recomputed.flops == plain.flops + forward_matmul + forward_tanh
