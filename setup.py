@@ -10,7 +10,7 @@ setup(
     description="Mesh TensorFlow: named-dimension model parallelism, reborn for TensorFlow 2.16+",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    license="Apache 2.0",
+    license="Apache-2.0",
     packages=find_packages(include=["mesh_tensorflow", "mesh_tensorflow.*"]),
     package_data={"mesh_tensorflow.transformer": ["gin/*.gin", "gin/*/*.gin"]},
     python_requires=">=3.9",
@@ -28,7 +28,6 @@ setup(
         "plot": ["matplotlib"],
     },
     classifiers=[
-        "License :: OSI Approved :: Apache Software License",
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],

@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
-.venv/bin/python -m pip install -q -e '.[examples]' || echo "matplotlib could not be installed: no loss-curve picture"
+.venv/bin/python -m pip install -qq -e '.[examples]' || echo "matplotlib could not be installed: no loss-curve picture"
 exec .venv/bin/python -m examples.transformer.train "$@"

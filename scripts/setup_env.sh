@@ -7,4 +7,5 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[cpu,test]'
+# -qq: errors only; setuptools' notice about editable installs of a flat layout is not one.
+.venv/bin/python -m pip install -qq -e '.[cpu,test]'
