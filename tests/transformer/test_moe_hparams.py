@@ -76,19 +76,38 @@ def _gpt_neo_moe_v1(mesh, mesh_shape, layout, train=True):
   return x, output, aux_loss
 
 
-@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("b:2", "batch:b"),
-                                               ("b:2;e:2", "batch:b;experts:e")])
-def test_gpt_neo_call_sequence_builds_a_moe_layer_v1(mesh_shape, layout):
+def _gpt_neo_moe_v1_values(mesh_shape, layout):
   def build(mesh):
     x, output, aux_loss = _gpt_neo_moe_v1(mesh, mtf.convert_to_shape(mesh_shape), layout, train=False)
     assert output.shape == x.shape
     assert aux_loss.shape.dims == []
     return [output, aux_loss]
-  output, aux_loss = lower_and_evaluate(build, mesh_shape, layout)
+  return lower_and_evaluate(build, mesh_shape, layout)
+
+
+@pytest.fixture(scope="module")
+def one_processor_moe_v1():
+  return _gpt_neo_moe_v1_values("all:1", "")
+
+
+def test_gpt_neo_call_sequence_routes_every_token_on_one_processor(one_processor_moe_v1):
+  output, aux_loss = one_processor_moe_v1
   assert output.shape == X.shape and np.all(np.isfinite(output))
-  # top-2 routing of 4 groups of 4 tokens among 4 experts: some token reaches an expert.
-  assert np.abs(output).max() > 0
+  # Top-2 routing of 2 groups of 8 tokens among 4 experts, eval capacity 4 a group and expert:
+  # every token reaches an expert here, so no output row is zero.
+  assert np.all(np.abs(output).max(axis=-1) > 0)
   assert np.isfinite(aux_loss) and aux_loss > 0
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("b:2", "batch:b"), ("e:4", "experts:e"),
+                                               ("b:2;e:2", "batch:b;experts:e")])
+def test_gpt_neo_call_sequence_gives_the_one_processor_values_under_any_layout(
+    mesh_shape, layout, one_processor_moe_v1):
+  """The groups (2 of 8 tokens) are the same on these meshes, so the layout changes nothing."""
+  output, aux_loss = _gpt_neo_moe_v1_values(mesh_shape, layout)
+  expected_output, expected_aux_loss = one_processor_moe_v1
+  np.testing.assert_allclose(output, expected_output, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(aux_loss, expected_aux_loss, rtol=1e-5)
 
 
 def test_gpt_neo_moe_layer_v1_trains():
