@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
-import os
+import re
+
+import matplotlib
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow._explain.cli import main as explain_main
@@ -45,30 +47,36 @@ def test_explain_lists_every_collective_with_op_kind_bytes_mesh_dims_and_reason(
 
 
 def test_a_sequence_split_attention_layout_is_flagged_with_its_fix(capsys, tmp_path):
-  assert (
-    explain_main(
-      TINY_LM
-      + [
-        "--mesh_shape",
-        "batch:2;model:4",
-        "--layout",
-        "batch:batch;length:model",
-        "--plot_dir",
-        str(tmp_path),
-        "--plot_format",
-        "svg",
-      ]
+  with matplotlib.rc_context({"svg.fonttype": "none"}):  # the SVGs keep their text as text
+    assert (
+      explain_main(
+        TINY_LM
+        + [
+          "--mesh_shape",
+          "batch:2;model:4",
+          "--layout",
+          "batch:batch;length:model",
+          "--plot_dir",
+          str(tmp_path),
+          "--plot_format",
+          "svg",
+        ]
+      )
+      == 0
     )
-    == 0
-  )
   text = capsys.readouterr().out
   warning = next(line for line in text.splitlines() if line.startswith("WARNING"))
   assert "sequence-split attention layout" in warning and "length:model" in warning
   assert "Fix: " in warning and (
     "drop the rule length:model" in warning or "replace length:model with" in warning
   )
-  for name in ("tiling.svg", "comm_per_layer.svg"):
-    assert os.path.getsize(tmp_path / name) > 0
+  labels = {name: re.findall(r"<text[^>]*>([^<]*)</text>", (tmp_path / name).read_text())
+            for name in ("tiling.svg", "comm_per_layer.svg")}
+  # Each tiled tensor is titled with its name and shape, its axes with its first two dims.
+  assert {"transformer/embedding:0", "Shape[vocab=128, d_model=32]", "vocab", "d_model"} <= set(
+    labels["tiling.svg"])
+  # One bar per layer that communicates: the attention block's sequence-split relayouts among them.
+  assert {"transformer/block_000", "bytes sent per processor"} <= set(labels["comm_per_layer.svg"])
 
 
 def test_the_usual_model_parallel_layout_gets_no_relayout_warning(capsys):
