@@ -10,8 +10,9 @@ the fit verdict for data parallelism and for the fastest layout that fits.
 
 The layers of a Transformer are identical, so every per-processor cost (FLOPs, collectives,
 variable and optimizer bytes, the activation peak) is affine in the number of layers: the script
-costs 1 and 2 layers and extrapolates to the full depth, which keeps pod-scale planning to
-minutes on a laptop. `--check` compares the extrapolation with a full costing at 3 layers.
+costs 1 and 2 layers and extrapolates to the full depth (`mtf.auto_mtf.depth`), which keeps
+pod-scale planning to minutes on a laptop. `--check` compares the extrapolation with a full
+costing at 3 layers.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow._explain.transformer_graph import build_transformer_graph
+from mesh_tensorflow.auto_mtf import depth
 
 LENGTH, VOCAB, D_KV = 1024, 32768, 128
 # name: (layers, d_model, d_ff, heads, batch, processors)
@@ -81,22 +83,9 @@ def graph_of(model: str, layers: int, remat: bool):
     return build_transformer_graph(["models/lm_base.gin"], bindings, batch, LENGTH, VOCAB)
 
 
-def terms(report) -> dict:
-  m = report.memory
-  return {
-    "compute_s": report.compute_s,
-    "comm_s": report.comm_s,
-    "overhead_s": report.overhead_s,
-    "flops": report.flops,
-    "variables": m.variable_bytes,
-    "slots": m.slot_bytes,
-    "activations": m.activation_peak_bytes,
-    "buffer": m.comm_buffer_bytes,
-  }
-
-
-def extrapolate(one: dict, two: dict, layers: int) -> dict:
-  return {k: one[k] + (two[k] - one[k]) * (layers - 1) for k in one}
+def at_depth(shallow, deep, layers: int) -> depth.DepthCost:
+  """The costs of 1 and 2 layers, extrapolated to `layers` (auto_mtf.depth's exact line)."""
+  return depth.DepthCost.from_reports(shallow, deep, (1, 2), layers)
 
 
 def candidates(processors: int, accelerator: str) -> list:
@@ -122,19 +111,10 @@ def plan_model(model: str, accelerator: str) -> list:
         reports = [mtf.cost_model.estimate_cost(g, mesh, layout, [loss], tm) for g, loss in graphs]
       except ValueError:  # the mesh dimension does not divide a dimension (heads 40 over 16)
         continue
-      t = extrapolate(terms(reports[0]), terms(reports[1]), layers)
+      cost = at_depth(*reports, layers)
       plans.append(
-        Plan(
-          mesh,
-          layout,
-          remat,
-          t["compute_s"] + t["comm_s"] + t["overhead_s"],
-          t["flops"],
-          t["variables"] + t["slots"] + t["activations"] + reports[1].memory.comm_buffer_bytes,
-          tm.memory_bytes,
-          tm.flops_per_s,
-          batch * LENGTH,
-        )
+        Plan(mesh, layout, remat, cost.step_s, cost.flops, cost.memory.total_bytes, tm.memory_bytes,
+             tm.flops_per_s, batch * LENGTH)
       )
   return plans
 
@@ -171,10 +151,13 @@ def check(accelerator: str) -> None:
     mtf.cost_model.estimate_cost(g, mesh, SPLIT, [loss], tm)
     for g, loss in (graph_of("10B", n, False) for n in (1, 2, 3))
   ]
-  guess = extrapolate(terms(reports[0]), terms(reports[1]), 3)
-  real = terms(reports[2])
-  for k in real:
-    print(f"check {accelerator} {k}: extrapolated {guess[k]:.6g}, costed {real[k]:.6g}")
+  guess = at_depth(reports[0], reports[1], 3)
+  terms = [(k, getattr(guess, k), getattr(reports[2], k))
+           for k in ("compute_s", "comm_s", "overhead_s", "flops")]
+  terms += [(k, getattr(guess.memory, k), getattr(reports[2].memory, k))
+            for k in ("variable_bytes", "slot_bytes", "activation_peak_bytes", "comm_buffer_bytes")]
+  for k, extrapolated, costed in terms:
+    print(f"check {accelerator} {k}: extrapolated {extrapolated:.6g}, costed {costed:.6g}")
 
 
 def main() -> None:
