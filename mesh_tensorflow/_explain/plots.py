@@ -60,7 +60,10 @@ def draw(report, tensors, directory: str, fmt: str = "png") -> list:
   mesh_shape = convert_to_shape(report.mesh_shape)
   fig, axes = plt.subplots(1, max(1, len(tensors)), figsize=(3 * max(1, len(tensors)), 3), squeeze=False)
   for ax, t in zip(axes[0], tensors):
-    ax.imshow(owner_grid(t.shape, mesh_shape, report.layout_rules), cmap="tab20", vmin=0, vmax=19)
+    grid = owner_grid(t.shape, mesh_shape, report.layout_rules)
+    ax.imshow(grid, cmap="tab20", vmin=0, vmax=19)
+    ax.set_yticks(range(grid.shape[0]))  # one tick per block, not matplotlib's fractional ones
+    ax.set_xticks(range(grid.shape[1]))
     ax.set_title(f"{t.name}\n{t.shape}", fontsize=7)
     names = t.shape.dimension_names + ["", ""]
     ax.set_ylabel(names[0])

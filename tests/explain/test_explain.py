@@ -75,6 +75,8 @@ def test_a_sequence_split_attention_layout_is_flagged_with_its_fix(capsys, tmp_p
   # Each tiled tensor is titled with its name and shape, its axes with its first two dims.
   assert {"transformer/embedding:0", "Shape[vocab=128, d_model=32]", "vocab", "d_model"} <= set(
     labels["tiling.svg"])
+  # Its ticks count blocks: 0 alone for an unsplit dim (these variables are not split).
+  assert {label for label in labels["tiling.svg"] if re.fullmatch(r"[−\d.]+", label)} == {"0"}
   # One bar per layer that communicates: the attention block's sequence-split relayouts among them.
   assert {"transformer/block_000", "bytes sent per processor"} <= set(labels["comm_per_layer.svg"])
 
