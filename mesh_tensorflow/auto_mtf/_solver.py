@@ -18,6 +18,7 @@ import collections
 import dataclasses
 import itertools
 import math
+import types
 from typing import Optional
 
 import numpy as np
@@ -87,6 +88,14 @@ class Problem:
     self._memory_steps = None
     self._reshape_memo = {}
     self._ceil_table = self._ceil_correction_table(graph)
+
+  def Proto(self) -> types.SimpleNamespace:  # noqa: N802  (OR-tools' CpModel.Proto name)
+    """The decision variables, one per (splittable dimension, mesh dimension it may take), in the
+    form 0.1.21's tests read from its CP-SAT model (`optimizer._model.Proto().variables`). They
+    are per dimension name, so repeating an op adds none."""
+    return types.SimpleNamespace(
+      variables=[(d, self.mesh_names[k]) for d in self.dims for k in self.domains[d] if k is not None]
+    )
 
   # --- enumeration -----------------------------------------------------------------------------
   def count_upper_bound(self) -> int:

@@ -165,3 +165,20 @@ def test_evaluate_layout_skips_rules_for_unsplittable_dimensions_and_rejects_bad
     optimizer.evaluate_layout("b:m9")
   with pytest.raises(ValueError, match="'b' is given two mesh dimensions"):
     optimizer.evaluate_layout("b:m1;b:m2")
+
+
+def test_repeated_ops_add_no_decision_variables_to_the_model_0_1_21s_tests_read():
+  """0.1.21's tests count `optimizer._model.Proto().variables` (its CP-SAT model) for a graph of
+  100 identical einsums: one variable per (dimension, mesh dimension), whatever the op count."""
+  def model_variables(repeats):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "my_mesh")
+    x, y = mtf.zeros(mesh, "a:10,b:5"), mtf.zeros(mesh, "b:5,c:20")
+    for _ in range(repeats):
+      mtf.einsum([x, y], "a:10,c:20")
+    estimator = memory_estimator.MemoryEstimator(graph, mtf.convert_to_shape("m1:2;m2:2"), [])
+    optimizer = layout_optimizer.LayoutOptimizer(estimator)
+    return optimizer._model.Proto().variables
+
+  # b (size 5) divides by neither mesh dimension: a and c may each take m1 or m2.
+  assert model_variables(1) == model_variables(100) == [("a", "m1"), ("a", "m2"), ("c", "m1"), ("c", "m2")]
