@@ -1,13 +1,14 @@
 """Import shim for the ORIGINAL mesh_tensorflow 0.1.21 under TensorFlow 2.21 (test-only).
 
 Python imports `sitecustomize` at start-up from the path, and this folder is on PYTHONPATH only
-in the subprocess that runs the original (tests/differential/sides.py), never in a process that
-imports our package. TF 2.21 no longer has `tensorflow.compat.v1.estimator` (removed in TF 2.16)
-nor `tensorflow.python.tpu.tpu_estimator` / `tpu_config`; the original imports them at module
-level, and gin.tf reads `tensorflow.estimator`. This shim supplies modules under those names that
-hold what the original touches at import time or off-TPU (`ModeKeys`, the hook and listener base
-classes, which TF still has under `tf.compat.v1.train`); the estimator classes themselves raise if
-used, because no estimator exists to run them. It also puts back
+in the subprocesses that run the original (tests/differential/sides.py) or the original's own
+test files against our package (test_upstream_suite.py). TF 2.21 no longer has
+`tensorflow.compat.v1.estimator` (removed in TF 2.16) nor `tensorflow.python.tpu.tpu_estimator` /
+`tpu_config`; the original imports them at module level, and gin.tf reads `tensorflow.estimator`.
+This shim supplies modules under those names that hold what the original touches at import time
+or off-TPU (`ModeKeys`, the hook and listener base classes, which TF still has under
+`tf.compat.v1.train`); the estimator classes themselves raise if used, because no estimator
+exists to run them. It also puts back
 `ops.register_tensor_conversion_function`, which TF moved to `tensor_conversion_registry`.
 """
 
