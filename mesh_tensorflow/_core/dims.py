@@ -64,21 +64,22 @@ def list_product(l: Iterable[int]) -> int:
 
 
 class Shape:
-  """An ordered list of Dimensions with distinct names, e.g. Shape[batch=8, d_model=512].
+  """An ordered list of distinct Dimensions, e.g. Shape[batch=8, d_model=512].
 
   `dims` is a list of Dimensions or (name, size) pairs, or a string "batch:8;d_model:512".
+  As in 0.1.21, a name may appear with two sizes: a kernel [d_model=6, d_model=2] maps d_model=6
+  to d_model=2, and the two are different Dimensions (a layout splits both or neither).
   """
 
   def __init__(self, dims: Union[Iterable, str] = ()):
     if isinstance(dims, str):
       dims = _parse_string_to_list_of_pairs(dims, seconds_to_int=True)
     self._dims = [convert_to_dimension(d) for d in tuple(dims)]
-    names = [d.name for d in self._dims]
-    if len(set(self._dims)) != len(self._dims) or len(set(names)) != len(names):
-      repeated = sorted({n for n in names if names.count(n) > 1})
+    if len(set(self._dims)) != len(self._dims):
+      repeated = sorted({d.name for d in self._dims if self._dims.count(d) > 1})
       raise ValueError(
-          f"Shape {self._dims} repeats dimension name(s) {repeated}; each dimension of a "
-          f"tensor needs its own name (rename one, e.g. with mtf.rename_dimension).")
+          f"Shape {self._dims} repeats dimension name(s) {repeated} with the same size; each "
+          f"dimension of a tensor must be distinct (rename one, e.g. with mtf.rename_dimension).")
 
   @property
   def dims(self) -> list:

@@ -60,10 +60,14 @@ def _check_no_mesh_axis_used_twice(tensor_shape: Shape, mesh_shape: Shape, axes)
     if axis is None:
       continue
     if axis in seen:
+      fix = (f"The tensor holds {dim.name!r} with two sizes (a kernel mapping one to the other), "
+             f"so its rule splits both: leave {dim.name!r} unsplit, or give one of them another "
+             f"name." if seen[axis] == dim.name else
+             "Remove one of the two layout rules, or rename one dimension.")
       raise ValueError(
           f"Layout maps tensor dimensions {seen[axis]!r} and {dim.name!r} of {tensor_shape} onto "
           f"the same mesh dimension {mesh_shape[axis].name!r}; a tensor may use each mesh "
-          f"dimension once. Remove one of the two layout rules, or rename one dimension.")
+          f"dimension once. {fix}")
     seen[axis] = dim.name
 
 

@@ -127,11 +127,10 @@ def dense(x: mtf.Tensor, new_dims, reduced_dims=None, expert_dims=None, use_bias
     reduced_dims = x.shape.dims[-1:]
   reduced_dims = _as_dim_list(reduced_dims)
   _check_dims_in_input("dense", x, reduced_dims, "reduced_dims")
-  # A reduced dim named like a new dim (whatever its size) gets a temporary name, so that the
-  # kernel [reduced..., new...] never holds one name twice.
-  new_names = {d.name for d in new_dims}
+  # A reduced dim that is also a new dim gets a temporary name, so that the kernel [reduced...,
+  # new...] never holds one Dimension twice; d_model=6 -> d_model=2 keeps both names (0.1.21).
   for i, d in enumerate(reduced_dims):
-    if d.name in new_names:
+    if d in new_dims:
       reduced_dims[i] = mtf.Dimension("_" + d.name, d.size)
       x = mtf.rename_dimension(x, d.name, reduced_dims[i].name)
   output_shape = mtf.Shape([d for d in x.shape.dims if d not in reduced_dims] + new_dims)

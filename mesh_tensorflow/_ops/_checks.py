@@ -14,17 +14,31 @@ def check_same_dtype(op_name: str, tensors: Sequence) -> None:
                      f"mtf.cast them first.")
 
 
-def check_same_dimension_sizes(op_name: str, tensors: Sequence) -> None:
-  """Dimensions are matched by name, so a name must have one size across all inputs."""
+def check_same_dimension_sizes(op_name: str, tensors: Sequence, output_shape=None) -> None:
+  """Dimensions are matched by name, so a name must have one size across all inputs.
+
+  Except a name that one input, or the output, holds with two sizes: a kernel [d_model=6,
+  d_model=2] (or its gradient) declares them different Dimensions (0.1.21's dense makes one when
+  output and input share a name).
+  """
+  shapes = [x.shape for x in tensors] + ([output_shape] if output_shape is not None else [])
+  mapped = {name for shape in shapes for name in names_with_two_sizes(shape)}
   seen = {}
   for x in tensors:
     for d in x.shape:
+      if d.name in mapped:
+        continue
       first_size, first = seen.setdefault(d.name, (d.size, x))
       if first_size != d.size:
         raise ValueError(
             f"{op_name}: dimension {d.name!r} has size {first_size} in {first.name!r} ({first.shape}) "
             f"but size {d.size} in {x.name!r} ({x.shape}); same-named dimensions must have the same "
             f"size. Rename one (mtf.rename_dimension) or fix the sizes.")
+
+
+def names_with_two_sizes(shape) -> set:
+  names = [d.name for d in shape]
+  return {n for n in names if names.count(n) > 1}
 
 
 def check_dim_in(op_name: str, arg_name: str, dim, x) -> None:

@@ -37,7 +37,7 @@ class EinsumOperation(Operation):
     _check_are_tensors(inputs, name)
     op_name = inputs[0].graph.unique_name(name or "einsum", mark_as_used=False)
     checks.check_same_dtype(f"einsum {op_name!r}", inputs)
-    checks.check_same_dimension_sizes(f"einsum {op_name!r}", inputs)
+    checks.check_same_dimension_sizes(f"einsum {op_name!r}", inputs, output_shape)
     _check_output_dims_are_broadcastable(inputs, output_shape, op_name)
     super().__init__(inputs, name=name or "einsum")
     self._outputs = [Tensor(self, output_shape, inputs[0].dtype)]
@@ -100,7 +100,7 @@ def einsum(xs: Sequence[Tensor], output_shape=None, reduced_dims=None,
     reduced_dims = list(reduced_dims)
     _check_reduced_dims_are_dimensions(reduced_dims, name)
   # Before a default output Shape repeats a name:
-  checks.check_same_dimension_sizes(f"einsum {name or 'einsum'!r}", xs)
+  checks.check_same_dimension_sizes(f"einsum {name or 'einsum'!r}", xs, output_shape)
   counts = collections.Counter(d for x in xs for d in x.shape.dims)
   input_dims = list(counts)  # Counter keeps first-appearance order
   if output_shape is None:
@@ -176,8 +176,11 @@ def _check_are_tensors(xs, name) -> None:
 
 def _check_output_dims_are_broadcastable(inputs, output_shape: Shape, op_name: str) -> None:
   """An output dim in no input is broadcast, unless an input has a dim of that name (sizes differ)."""
+  present = {d for x in inputs for d in x.shape}
   input_dims = {d.name: d for x in inputs for d in x.shape}
   for d in output_shape:
+    if d in present:
+      continue
     other = input_dims.get(d.name)
     if other is not None and other.size != d.size:
       raise ValueError(

@@ -41,8 +41,13 @@ def test_convert_to_dimension_rules():
 def test_repeated_dimension_raises_and_names_it():
   with pytest.raises(ValueError, match="'batch'"):
     mtf.Shape([("batch", 2), ("batch", 2)])
-  with pytest.raises(ValueError, match="'batch'"):
-    mtf.Shape([("batch", 2), ("batch", 3)])
+
+
+def test_one_name_with_two_sizes_is_two_dimensions_as_in_0_1_21():
+  """A kernel mapping d_model=6 to d_model=2 (0.1.21's dense keeps both names)."""
+  shape = mtf.Shape([("d_model", 6), ("d_model", 2)])
+  assert shape.dims == [mtf.Dimension("d_model", 6), mtf.Dimension("d_model", 2)]
+  assert shape - mtf.Dimension("d_model", 6) == mtf.Shape([("d_model", 2)])
 
 
 def test_string_forms_match_spec():

@@ -73,6 +73,25 @@ def test_dense_renames_a_reduced_dim_that_is_also_a_new_dim(mode):
   assert result.shapes["dense/kernel"] == mtf.Shape([mtf.Dimension("_io", 4), IO])
 
 
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("all:2", "batch:all"),
+                                               ("all:2", "length:all")])
+def test_dense_to_a_new_size_of_the_same_name_keeps_both_names_as_in_0_1_21(mesh_shape, layout):
+  """io=4 -> io=2: the kernel is [io=4, io=2] (one name, two Dimensions); values and gradients."""
+  io_2 = mtf.Dimension("io", 2)
+  result = check_layer(lambda x: mtf.layers.dense(x, io_2, reduced_dims=[IO], use_bias=False, name="dense"),
+                       lambda x, variables: tf.einsum("blc,ch->blh", x, variables["dense/kernel"]),
+                       [(X, X_SHAPE)], mesh_shape, layout, "graph")
+  assert result.shapes["dense/kernel"] == mtf.Shape([IO, io_2])
+
+
+def test_a_layout_splitting_a_name_the_kernel_holds_with_two_sizes_says_so():
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(X), shape=X_SHAPE)
+    return [mtf.layers.dense(x, mtf.Dimension("io", 2), reduced_dims=[IO], name="dense")]
+  with pytest.raises(ValueError, match="holds 'io' with two sizes.*leave 'io' unsplit"):
+    lower_and_evaluate(build, "all:2", "io:all")
+
+
 def test_dense_without_reduced_dims_reduces_the_last_dim():
   result = check_layer(lambda x: mtf.layers.dense(x, HIDDEN), _dense_reference(), [(X, X_SHAPE)])
   assert result.shapes["dense/kernel"] == mtf.Shape([IO, HIDDEN])

@@ -340,7 +340,7 @@ def test_incremental_mode_reads_a_state_whatever_its_window_dim_is_named(window_
           kernels = [mtf.import_tf_tensor(mesh, tf.constant(k), shape="d_model:4") for k in depthwise]
           with mock.patch.object(mtf.layers, "get_dense_kernel_weights") as get_kernel:
             get_kernel.return_value = mtf.import_tf_tensor(mesh, tf.constant(pointwise),
-                                                           shape="_d_model:4;d_model:2")
+                                                           shape="d_model:4;d_model:2")
             outputs.append(layer.call(context, xt, all_kernel_wts=kernels))
       outputs.append(context.new_states[0])
     return outputs
