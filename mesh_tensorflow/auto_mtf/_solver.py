@@ -69,10 +69,14 @@ class Problem:
     self.graph, self.mesh_shape, self.outputs = graph, mesh_shape, list(outputs)
     self.time_model = cost_model.time_model_lib.get_time_model(time_model)
     self.mesh_names = [d.name for d in mesh_shape.dims]
+    # A name that one tensor holds with two sizes (a kernel [d_model=6, d_model=2]) cannot be
+    # split: its rule would put both dims on one mesh dimension.
+    held_twice = {n for op in graph.operations for t in (*op.inputs, *op.outputs)
+                  for n in t.shape.dimension_names if t.shape.dimension_names.count(n) > 1}
     self.dims = sorted(
       d
       for d in validator.splittable_mtf_dimension_names
-      if any(validator.is_valid_assignment(d, m) for m in self.mesh_names)
+      if d not in held_twice and any(validator.is_valid_assignment(d, m) for m in self.mesh_names)
     )
     self.domains = {
       d: [None] + [k for k, m in enumerate(self.mesh_names) if validator.is_valid_assignment(d, m)]

@@ -80,3 +80,26 @@ def test_too_many_candidate_layouts_is_a_clear_error_and_layout_and_mesh_shape_s
     raise AssertionError("expected SearchSpaceTooLarge")
   _, mesh_shape = auto_mtf.layout_and_mesh_shape(graph, 4, [z])
   assert mesh_shape.dims == [mtf.Dimension("mesh_0", 4)]
+
+
+def test_a_name_one_tensor_holds_with_two_sizes_is_never_split_and_the_layout_lowers():
+  """A dense map io=64 -> io=32 makes the kernel [io=64, io=32]; a rule for io would put both on
+  one mesh dimension, so the search leaves io unsplit, though it is the only dim a 2-way mesh
+  dimension divides here (batch 1, hidden 3)."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "my_mesh")
+  x = mtf.zeros(mesh, "batch:1;io:64")
+  y = mtf.layers.dense(x, mtf.Dimension("io", 32), reduced_dims=x.shape.dims[-1:], name="proj")
+  z = mtf.layers.dense(y, mtf.Dimension("hidden", 3), reduced_dims=y.shape.dims[-1:], name="up")
+  loss = mtf.reduce_sum(z)
+  mtf.gradients([loss], [v.outputs[0] for v in graph.trainable_variables])
+  mesh_shape = mtf.convert_to_shape("m:2")
+  layout = auto_mtf.layout(graph, mesh_shape, [loss])
+  assert layout._pairs == set(), layout
+  # Not even a candidate: no decision variable for io (so no exact costing is spent on it).
+  estimator = auto_mtf.memory_estimator.MemoryEstimator(graph, mesh_shape, [loss])
+  variables = auto_mtf.layout_optimizer.LayoutOptimizer(estimator)._model.Proto().variables
+  assert variables == [], variables
+  for op in graph.operations:  # every tensor has a valid layout under the result
+    for t in op.outputs:
+      layout.tensor_layout(t.shape, mesh_shape)
