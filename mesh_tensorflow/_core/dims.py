@@ -63,6 +63,12 @@ def list_product(l: Iterable[int]) -> int:
   return functools.reduce(operator.mul, l, 1)
 
 
+def names_with_two_sizes(shape) -> set:
+  """The names that `shape` holds twice, with two sizes (a kernel [d_model=6, d_model=2])."""
+  names = [d.name for d in shape]
+  return {n for n in names if names.count(n) > 1}
+
+
 class Shape:
   """An ordered list of distinct Dimensions, e.g. Shape[batch=8, d_model=512].
 

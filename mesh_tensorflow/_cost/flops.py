@@ -5,8 +5,7 @@ of the union of its input and output dimensions; a convolution 2 flops per outpu
 filter element it sums over; every other op with floating-point outputs one flop per element
 of its largest input or output slice; variables, constants, imports, pure data movement
 (reshape, rename, stop_gradient) and pass-throughs (depend, custom_gradient's outputs) cost
-nothing. Each count is divided by the number of
-processors its split dimensions spread it over.
+nothing. Each count is divided by the number of processors its split dimensions spread it over.
 """
 
 from __future__ import annotations

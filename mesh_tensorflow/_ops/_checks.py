@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from mesh_tensorflow._core.dims import convert_to_shape
+from mesh_tensorflow._core.dims import convert_to_shape, names_with_two_sizes
 
 
 def check_same_dtype(op_name: str, tensors: Sequence) -> None:
@@ -34,11 +34,6 @@ def check_same_dimension_sizes(op_name: str, tensors: Sequence, output_shape=Non
             f"{op_name}: dimension {d.name!r} has size {first_size} in {first.name!r} ({first.shape}) "
             f"but size {d.size} in {x.name!r} ({x.shape}); same-named dimensions must have the same "
             f"size. Rename one (mtf.rename_dimension) or fix the sizes.")
-
-
-def names_with_two_sizes(shape) -> set:
-  names = [d.name for d in shape]
-  return {n for n in names if names.count(n) > 1}
 
 
 def check_dim_in(op_name: str, arg_name: str, dim, x) -> None:

@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from mesh_tensorflow._core.dims import Shape
+from mesh_tensorflow._core.dims import Shape, names_with_two_sizes
 from mesh_tensorflow._core.layout import convert_to_layout_rules
 from mesh_tensorflow._cost import flops as flops_lib
 from mesh_tensorflow._cost import graph_interface, scheduler
@@ -72,7 +72,7 @@ class Problem:
     # A name that one tensor holds with two sizes (a kernel [d_model=6, d_model=2]) cannot be
     # split: its rule would put both dims on one mesh dimension.
     held_twice = {n for op in graph.operations for t in (*op.inputs, *op.outputs)
-                  for n in t.shape.dimension_names if t.shape.dimension_names.count(n) > 1}
+                  for n in names_with_two_sizes(t.shape)}
     self.dims = sorted(
       d
       for d in validator.splittable_mtf_dimension_names
