@@ -3,7 +3,9 @@
 import gin
 import pytest
 
+from tests.differential.summary import pytest_terminal_summary  # noqa: F401  (a hook)
 from tests.harness import configure_virtual_cpus
+from tests.temp_dir_guard import pytest_configure, pytest_sessionfinish  # noqa: F401  (hooks)
 
 configure_virtual_cpus()
 

@@ -29,7 +29,8 @@ import time
 
 _SERVER = __file__
 _warm: dict = {}   # frozenset(environment items) -> the warm interpreter's Popen
-_PER_TEST = {"PYTEST_CURRENT_TEST"}   # set by pytest for each test; TensorFlow's import never reads it
+# Set by pytest for each test, or by a test for its program; TensorFlow's import never reads them.
+_PER_TEST = {"PYTEST_CURRENT_TEST", "TMPDIR"}
 
 
 def run(args: list, cwd, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -128,6 +129,7 @@ def _become_program(request: dict, base_path: list, inherited_handlers: dict) ->
   os.chdir(request["cwd"])
   os.environ.clear()
   os.environ.update(request["env"])
+  tempfile.tempdir = None   # a fresh interpreter finds its temp dir from TMPDIR when first asked
   args = request["args"]
   if args[0] == "-m":
     sys.argv, first_path = [args[1], *args[2:]], os.getcwd()

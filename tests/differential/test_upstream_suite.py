@@ -46,7 +46,7 @@ def _copy_upstream_tests(folder):
   return target
 
 
-def test_the_originals_own_tests_pass_against_this_package_but_the_known_few(tmp_path):
+def test_the_originals_own_tests_pass_against_this_package_but_the_known_few(tmp_path, record_property):
   tests = _copy_upstream_tests(tmp_path)
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(sides.ROOT), str(sides.SHIM)]),
              TF_CPP_MIN_LOG_LEVEL="3")
@@ -61,3 +61,5 @@ def test_the_originals_own_tests_pass_against_this_package_but_the_known_few(tmp
   assert failed == set(KNOWN_FAILURES), output[-6000:]
   passed = int(re.search(r"(\d+) passed", output).group(1))
   assert passed >= 160, output[-3000:]   # every test of the files, but the known failures
+  record_property("upstream_passed", passed)   # for the run's summary line (tests/differential/summary.py)
+  record_property("upstream_known_failures", len(failed))

@@ -210,22 +210,36 @@ def commands(blocks: list) -> list:
   return found
 
 
-def with_model_dir(argv: list, folder: pathlib.Path) -> list:
-  """argv with every --model_dir value replaced by `folder`: the test must not fill the documented
-  folders (a later real run would resume from the test's tiny model)."""
+def with_temporary_folders(argv: list, folder: pathlib.Path) -> list:
+  """argv with every --model_dir value replaced by `folder`, and every other folder under /tmp by one
+  in `folder`: the test must not fill the documented folders (a later real run would resume from the
+  test's tiny model) nor leave them in the system temp dir."""
   out = list(argv)
-  for i, arg in enumerate(out):
+  for i, arg in enumerate(argv):
     if arg.startswith("--model_dir="):
       out[i] = f"--model_dir={folder}"
-    elif arg == "--model_dir" and i + 1 < len(out):
-      out[i + 1] = str(folder)
+    elif i > 0 and argv[i - 1] == "--model_dir":
+      out[i] = str(folder)
+    elif re.match(r"^(--\w+=)?/tmp/", arg):
+      flag, _, path = arg.rpartition("=")
+      out[i] = (f"{flag}=" if flag else "") + str(folder / "tmp" / path[len("/tmp/"):])
   return out
 
 
-def run(argv: list, cwd: pathlib.Path, env=None) -> subprocess.CompletedProcess:
+def temp_dir_inside(folder: pathlib.Path) -> str:
+  """TMPDIR for a program run by a test: a folder in the test's tmp_path, so that what it leaves in its
+  temp dir (the pages' `tempfile.mkdtemp()` checkpoints and logs) goes with the test's tmp_path."""
+  temp = folder / "temp"
+  temp.mkdir(exist_ok=True)
+  return str(temp)
+
+
+def run(argv: list, cwd: pathlib.Path, temp: pathlib.Path, env=None) -> subprocess.CompletedProcess:
   """Runs `python ARGS` (by default with the repository importable and TF's C++ info and warnings
-  hidden) in a fork of a warm interpreter (tests/warm_python.py), asserting that it succeeds."""
-  env = env or dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+  hidden) in a fork of a warm interpreter (tests/warm_python.py), asserting that it succeeds; its
+  temp dir is a folder in `temp`."""
+  env = dict(env or dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2"),
+             TMPDIR=temp_dir_inside(temp))
   assert argv[0] == sys.executable, argv
   result = warm_python.run(argv[1:], cwd=cwd, env=env, timeout=TIMEOUT_S)
   assert result.returncode == 0, (
@@ -250,7 +264,7 @@ def warning_lines(output: str) -> list:
 def test_python_block_runs_saved_anywhere_and_prints_no_warning(block, tmp_path):
   program = tmp_path / "block.py"
   program.write_text(block.code, encoding="utf-8")
-  result = run([sys.executable, str(program)], cwd=tmp_path, env=user_environment())
+  result = run([sys.executable, str(program)], cwd=tmp_path, temp=tmp_path, env=user_environment())
   warnings = warning_lines(result.stdout + "\n" + result.stderr)
   assert not warnings, f"{block.where} prints warnings:\n" + "\n".join(warnings)
 
@@ -321,7 +335,7 @@ def test_command_runs_and_prints_what_the_page_says(block, argv, tmp_path):
   assert argv[0] in PYTHONS and len(argv) > 1, (
       f"{block.where}: don't know how to run {argv}; make it `python <script>` or add it to NOT_RUN")
   if tuple(argv[:3]) in IN_A_TEMPORARY_FOLDER:
-    run([sys.executable] + argv[1:], cwd=tmp_path)
+    run([sys.executable] + argv[1:], cwd=tmp_path, temp=tmp_path)
     assert (tmp_path / argv[-1] / "bin" / "python").exists(), f"{block.where}: no interpreter in {argv[-1]}"
     return
   if argv[1] == "-m":   # python -m package.module ...: SHORT_SETTINGS are keyed by the module name
@@ -329,8 +343,8 @@ def test_command_runs_and_prints_what_the_page_says(block, argv, tmp_path):
   else:
     script = argv[1]
     assert (ROOT / script).is_file(), f"{block.where}: {script} does not exist"
-  result = run(with_model_dir([sys.executable] + argv[1:] + SHORT_SETTINGS.get(script, []),
-                              tmp_path / "model_dir"), cwd=ROOT)
+  result = run(with_temporary_folders([sys.executable] + argv[1:] + SHORT_SETTINGS.get(script, []),
+                                      tmp_path / "model_dir"), cwd=ROOT, temp=tmp_path)
   output = result.stdout + "\n" + result.stderr
   shown = prompt_outputs(block).get(shlex.join(argv)) if block.language not in SHELL_LANGUAGES else None
   if shown:
@@ -394,10 +408,12 @@ def test_commands_are_read_from_shell_blocks_and_prompts_with_continuations(tmp_
       ["python", "a.py", "--n", "2", "--m", "x y"], ["python", "b.py"]]
 
 
-def test_documented_model_dirs_are_replaced_by_a_temporary_folder(tmp_path):
-  argv = ["python", "-m", "m", "--model_dir", "/tmp/a", "--model_dir=/tmp/b", "--x", "1"]
-  assert with_model_dir(argv, tmp_path) == [
-      "python", "-m", "m", "--model_dir", str(tmp_path), f"--model_dir={tmp_path}", "--x", "1"]
+def test_documented_model_dirs_and_tmp_folders_are_replaced_by_temporary_folders(tmp_path):
+  argv = ["python", "-m", "m", "--model_dir", "/tmp/a", "--model_dir=/tmp/b", "--x", "1", "--out", "/tmp/c/d",
+          "--log=/tmp/e", "tmp/f"]
+  assert with_temporary_folders(argv, tmp_path) == [
+      "python", "-m", "m", "--model_dir", str(tmp_path), f"--model_dir={tmp_path}", "--x", "1", "--out",
+      str(tmp_path / "tmp" / "c" / "d"), f"--log={tmp_path / 'tmp' / 'e'}", "tmp/f"]
 
 
 def test_lines_shown_after_a_prompt_must_be_printed_in_order():
