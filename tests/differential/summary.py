@@ -20,7 +20,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
     for report in terminalreporter.stats.get(category, []):
       if getattr(report, "nodeid", "").startswith(FOLDER) and (report.when == "call" or category != "passed"):
         outcomes[category] += 1
-        upstream.update({k: v for k, v in report.user_properties if k in UPSTREAM_COUNTS})
+        upstream.update({k: v for k, v in getattr(report, "user_properties", ()) if k in UPSTREAM_COUNTS})
   if not outcomes:
     return
   counts = ", ".join(f"{outcomes[c]} {c}" for c in ("passed", "failed", "skipped", "error") if outcomes[c])
