@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import shlex
 import sys
 import warnings
+from collections.abc import Sequence
 
 from absl import app, flags, logging
 
@@ -61,15 +63,19 @@ def configure_virtual_cpus(num_devices: int) -> None:
         cpus[0], [tf2.config.LogicalDeviceConfiguration()] * num_devices)
 
 
-def write_command_line(model_dir: str, argv) -> str:
-  """Saves the command line to model_dir/command, or command.N if earlier runs left one."""
+def write_command_line(model_dir: str, args: Sequence[str]) -> str:
+  """Saves the command line to model_dir/command (command.N if earlier runs left one), shell-quoted.
+
+  args are the arguments after the program (sys.argv[1:], flags included: absl strips flags from the
+  argv it hands to main), so the file's line can be pasted back into a shell to rerun the job.
+  """
   os.makedirs(model_dir, exist_ok=True)
   path, n = os.path.join(model_dir, "command"), 0
   while os.path.exists(path):
     n += 1
     path = os.path.join(model_dir, "command.%d" % n)
   with open(path, "w") as f:
-    f.write(" ".join([sys.executable, "-m", "mesh_tensorflow.transformer.main"] + list(argv[1:])) + "\n")
+    f.write(shlex.join([sys.executable, "-m", "mesh_tensorflow.transformer.main", *args]) + "\n")
   return path
 
 
@@ -82,11 +88,24 @@ def main(argv) -> None:
     FLAGS.gin_file = resolve_gin_files(FLAGS.gin_file, gin_search_path())
   except app.UsageError as e:
     sys.exit(f"Error: {e}")  # alone: absl would print the whole usage text before it
-  write_command_line(FLAGS.model_dir, argv)
+  write_command_line(FLAGS.model_dir, sys.argv[1:])
   utils.parse_gin_defaults_and_flags()
   utils.run(tpu_job_name=FLAGS.tpu_job_name, tpu=FLAGS.tpu, gcp_project=FLAGS.gcp_project,
             tpu_zone=FLAGS.tpu_zone, model_dir=FLAGS.model_dir)
 
 
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
+def parse_flags(argv: list) -> list:
+  """absl's flag parsing, except that asking for --help exits 0 (absl exits 1 after printing it)."""
+  try:
+    return app.parse_flags_with_usage(argv)
+  except SystemExit as e:
+    if e.code == 1 and any(arg.split("=")[0] in HELP_FLAGS for arg in argv[1:]):
+      raise SystemExit(0) from None
+    raise
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

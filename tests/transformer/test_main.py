@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import logging as std_logging
 import os
+import shlex
+import subprocess
+import sys
+
+import gin
 
 import pytest
 import tensorflow.compat.v1 as tf
 from absl import app
 
 from mesh_tensorflow import _cli_quiet
-from mesh_tensorflow.transformer import main
+from mesh_tensorflow.transformer import main, utils
 from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
+from tests.transformer import tiny_run
 
 
 def test_a_missing_gin_file_is_named_with_the_places_searched(tmp_path):
@@ -23,10 +29,28 @@ def test_a_missing_gin_file_is_named_with_the_places_searched(tmp_path):
 
 
 def test_each_run_keeps_its_own_command_file(tmp_path):
-  first = main.write_command_line(str(tmp_path), ["main", "--gin_param=a = 1"])
-  second = main.write_command_line(str(tmp_path), ["main", "--gin_param=a = 2"])
+  first = main.write_command_line(str(tmp_path), ["--gin_param=a = 1"])
+  second = main.write_command_line(str(tmp_path), ["--gin_param=a = 2"])
   assert [os.path.basename(first), os.path.basename(second)] == ["command", "command.1"]
-  assert open(second).read().endswith("-m mesh_tensorflow.transformer.main --gin_param=a = 2\n")
+  assert open(second).read().endswith("-m mesh_tensorflow.transformer.main '--gin_param=a = 2'\n")
+
+
+def test_the_saved_command_pastes_back_to_the_same_configuration(tmp_path):
+  files, bindings = tiny_run.tiny_bindings(str(tmp_path / "*.txt"))
+  args = ([f"--model_dir={tmp_path}"] + [f"--gin_file={f}" for f in files]
+          + [f"--gin_param={b}" for b in bindings])  # quotes, spaces and braces to survive the shell
+  saved = shlex.split(open(main.write_command_line(str(tmp_path), args)).read())
+  assert saved == [sys.executable, "-m", "mesh_tensorflow.transformer.main"] + args
+  configs = []
+  for argv in (["main"] + args, ["main"] + saved[3:]):  # as run, then as pasted back from the file
+    gin.clear_config()
+    utils.FLAGS.unparse_flags()
+    utils.FLAGS(argv, known_only=True)
+    utils.parse_gin_defaults_and_flags(finalize_config=False)
+    configs.append(gin.config_str())
+  gin.clear_config()
+  assert configs[0] == configs[1]
+  assert "run.batch_size = 8" in configs[1] and "d_model = 16" in configs[1]
 
 
 def test_verbose_brings_tensorflow_logging_back():
@@ -55,3 +79,17 @@ def test_tensorflow_start_up_lines_are_muted_only_for_command_line_entry_points(
   for key, value in env.items():
     monkeypatch.setenv(key, value)
   assert _cli_quiet._wanted() == quiet
+
+
+@pytest.mark.slow  # launches the driver (about 6 s)
+def test_help_exits_0_and_lists_the_flags():
+  done = subprocess.run([sys.executable, "-m", "mesh_tensorflow.transformer.main", "--help"],
+                        capture_output=True, text=True, timeout=120, cwd=tiny_run.ROOT)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "--model_dir: Directory of checkpoints" in done.stdout and "--gin_param" in done.stdout
+
+
+def test_a_bad_flag_still_exits_1_after_help_is_made_to_exit_0():
+  with pytest.raises(SystemExit) as raised:
+    main.parse_flags(["main", "--no_such_flag=1"])
+  assert raised.value.code == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -18,11 +19,6 @@ pytestmark = pytest.mark.slow  # kills and resumes training processes
 # With dropout on: a resumed run must also draw the masks an uninterrupted run would have.
 STEPS = tiny_run.TWO_DEVICES + ["utils.run.train_steps = 30", "utils.run.save_checkpoints_steps = 5",
                                 "dropout_rate = 0.1"]
-
-
-def run_main(model_dir, corpus):
-  return subprocess.run(tiny_run.main_command(str(model_dir), corpus, STEPS), cwd=tiny_run.ROOT,
-                        capture_output=True, text=True, timeout=300)
 
 
 def latest_step(model_dir) -> int:
@@ -53,9 +49,9 @@ def test_killed_runs_resume_at_the_checkpointed_step_with_the_losses_of_an_unint
   assert kill_after_checkpoint(model_dir, corpus, 10) == -signal.SIGKILL  # kill -9 mid-training
   resumed_at = latest_step(model_dir)
   assert 10 <= resumed_at < 30
-  assert (model_dir / "command").read_text().startswith(
-      tiny_run.main_command("", "")[0] + " -m mesh_tensorflow.transformer.main")
-  finished = run_main(model_dir, corpus)  # the same command again
+  saved = shlex.split((model_dir / "command").read_text())
+  assert saved == tiny_run.main_command(str(model_dir), corpus, STEPS)  # every flag, pasteable
+  finished = subprocess.run(saved, cwd=tiny_run.ROOT, capture_output=True, text=True, timeout=300)
   assert finished.returncode == 0, finished.stderr[-3000:]
   # The default output is the driver's own: no TensorFlow start-up or info lines, no warnings.
   assert not re.search(r"oneDNN|cpu_feature_guard|^[IWE]\d{4} |WARNING:tensorflow", finished.stderr, re.M), \
