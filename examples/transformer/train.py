@@ -56,9 +56,14 @@ LAYOUTS = {
 
 
 def parse_args(argv):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--task", choices=sorted(TASK_GIN), default="lm")
-  parser.add_argument("--model_dir", default=None, help="default: /tmp/mtf_example_<task>")
+  parser = argparse.ArgumentParser(prog="python -m examples.transformer.train",
+                                   description=__doc__.splitlines()[0])
+  parser.add_argument("--task", choices=sorted(TASK_GIN), default="lm",
+                      help="lm: byte-level language model on Python's docs; reverse: an encoder-decoder "
+                           "reversing digit strings (default: lm)")
+  parser.add_argument("--model_dir", default=None,
+                      help="directory of checkpoints, logs and the loss curve; rerunning with the same one "
+                           "resumes (default: /tmp/mtf_example_<task>)")
   parser.add_argument("--train_steps", type=int, default=None, help="default: the task's gin file")
   parser.add_argument("--layout", default="layouts/cpu8_dp_mp.gin",
                       help="a gin layout file (a path, or one under the package's gin directory)")

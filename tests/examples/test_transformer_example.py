@@ -92,3 +92,13 @@ def test_transduction_targets_reverse_or_sort_their_inputs():
   for task, fn in (("reverse", lambda s: s[::-1]), ("sort", lambda s: "".join(sorted(s)))):
     pairs = data.transduction_examples(task, 20, 3, 10, seed=0)
     assert all(t == fn(i) and 3 <= len(i) <= 10 and i.isdigit() for i, t in pairs)
+
+
+def test_help_shows_the_readme_command_and_describes_task_and_model_dir(capsys):
+  with pytest.raises(SystemExit) as raised:
+    train.parse_args(["--help"])
+  assert raised.value.code == 0
+  out = " ".join(capsys.readouterr().out.split())
+  assert out.startswith("usage: python -m examples.transformer.train ")
+  assert "--task {lm,reverse} lm: byte-level language model" in out
+  assert "rerunning with the same one resumes (default: /tmp/mtf_example_<task>)" in out
