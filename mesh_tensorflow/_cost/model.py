@@ -23,7 +23,8 @@ class CostReport:
     op_flops: {op name: FLOPs per processor}, summed over the ops of one name (recompute_grad's
       copies of a forward op keep its name).
     memory: a MemoryReport (variables, optimizer state, activation peak).
-    compute_s, comm_s, overhead_s: the time model's three terms; step_s their sum.
+    compute_s, comm_s, overhead_s: the time model's three terms (overhead: the per-op and per-step
+      floors); step_s their sum.
   """
 
   mesh_shape: object
@@ -112,5 +113,5 @@ def estimate_cost(
     time_model=tm,
     compute_s=tm.compute_s(sum(op_flops.values())),
     comm_s=comm_s,
-    overhead_s=num_ops * tm.op_overhead_s,
+    overhead_s=num_ops * tm.op_overhead_s + tm.step_overhead_s,
   )

@@ -3,13 +3,18 @@
     step_s = flops / flops_per_s                                  (compute)
            + sum over collectives of (latency_s + bytes / bandwidth)   (communication)
            + num_ops * op_overhead_s                              (per-op launch cost)
+           + step_overhead_s                                      (per-step floor)
+
+The last two are floors that keep a tiny model from claiming peak FLOP/s: every op costs at least
+its launch (a kernel launch on a GPU, an executor dispatch on a CPU, a fused XLA kernel on a TPU)
+and every step at least its start and end (session run, host-device synchronisation).
 
 Bandwidth and latency may differ per mesh dimension (e.g. a TPU slice's fast inner axis); a
 collective over several mesh dimensions uses the slowest of them. `bytes` is what one processor
 sends (CommEvent.bytes_per_processor). Presets: rough defaults for a CPU host, a GPU node and a
 TPU slice ("cpu", "gpu", "tpu"), and accelerators with their published numbers ("tpu_v3",
 "tpu_v4", "tpu_v5e", "a100", "h100", each naming its sources); `calibrate` measures
-flops_per_s, bandwidth, latency and op overhead on the actual devices with a short run.
+flops_per_s, bandwidth, latency and the op and step overheads on the actual devices with a short run.
 """
 
 from __future__ import annotations
@@ -81,6 +86,8 @@ class TimeModel:
     memory_bytes: the memory of one processor (HBM), for the `fits` verdict; None if unknown.
     topology: a Torus or Hosts that gives per-mesh-dimension bandwidth and latency for a mesh
       (`for_mesh`); without a mesh, bandwidth_bytes_per_s and latency_s apply to every dimension.
+    op_overhead_s: seconds every op adds (its launch), whatever its size.
+    step_overhead_s: seconds every step adds (starting it, synchronising host and devices).
     sources: where the numbers come from (title and URL of each public source).
   """
 
@@ -88,6 +95,7 @@ class TimeModel:
   bandwidth_bytes_per_s: PerMeshDim
   latency_s: PerMeshDim
   op_overhead_s: float = 0.0
+  step_overhead_s: float = 0.0
   name: str = "custom"
   memory_bytes: Optional[float] = None
   topology: Union[None, Torus, Hosts] = None
@@ -128,17 +136,29 @@ def _default(value: PerMeshDim) -> float:
   return value["*"] if isinstance(value, dict) else value
 
 
-CPU = TimeModel(flops_per_s=2e10, bandwidth_bytes_per_s=5e9, latency_s=2e-5, op_overhead_s=5e-6, name="cpu")
-GPU = TimeModel(flops_per_s=1e14, bandwidth_bytes_per_s=1e11, latency_s=1e-5, op_overhead_s=5e-6, name="gpu")
+# Step floors (assumed, like the op overheads): 100 us to run a step on a CPU host (a session run
+# of a small graph measures about that here), 50 us on a GPU (launching the step's graph), 30 us on
+# a TPU (the host starting a compiled step and reading its outputs back).
+CPU = TimeModel(
+  flops_per_s=2e10, bandwidth_bytes_per_s=5e9, latency_s=2e-5, op_overhead_s=5e-6, step_overhead_s=1e-4,
+  name="cpu",
+)
+GPU = TimeModel(
+  flops_per_s=1e14, bandwidth_bytes_per_s=1e11, latency_s=1e-5, op_overhead_s=5e-6, step_overhead_s=5e-5,
+  name="gpu",
+)
 TPU = TimeModel(
-  flops_per_s=1.2e14, bandwidth_bytes_per_s=5e10, latency_s=5e-6, op_overhead_s=1e-6, name="tpu"
+  flops_per_s=1.2e14, bandwidth_bytes_per_s=5e10, latency_s=5e-6, op_overhead_s=1e-6, step_overhead_s=3e-5,
+  name="tpu",
 )
 
 # Accelerators. One processor is one chip (a TPU v3/v4 chip holds two TensorCores; TF on v3 shows
 # each core as a device: for a mesh over v3 cores, halve flops_per_s, memory_bytes and bandwidth).
 # Vendors publish no collective latency: the per-step latencies below are assumptions (1 us per ICI
 # or NVLink ring step, 5 us per InfiniBand step); `calibrate()` measures them on real devices.
-# Op overhead: 0 on TPU (XLA compiles the whole step), 5 us per op on GPU (assumed).
+# Op overhead (assumed): 0.5 us per mtf op on TPU (XLA compiles the whole step and fuses the
+# elementwise ops, but each matmul, reduction or fusion it leaves is a kernel of at least about a
+# microsecond), 5 us per op on GPU (a kernel launch). Step overhead: 30 us on TPU, 50 us on GPU.
 _TPU_DOCS = "Google Cloud, Cloud TPU documentation, "
 _GIB = 2**30
 
@@ -147,6 +167,8 @@ TPU_V3 = TimeModel(
   memory_bytes=32 * _GIB,
   bandwidth_bytes_per_s=340e12 / 1024,
   latency_s=1e-6,
+  op_overhead_s=5e-7,
+  step_overhead_s=3e-5,
   topology=Torus(chip_bandwidth_bytes_per_s=340e12 / 1024, step_latency_s=1e-6),
   name="tpu_v3",
   sources=(
@@ -160,6 +182,8 @@ TPU_V4 = TimeModel(
   memory_bytes=32 * _GIB,
   bandwidth_bytes_per_s=1.1e15 / 4096,
   latency_s=1e-6,
+  op_overhead_s=5e-7,
+  step_overhead_s=3e-5,
   topology=Torus(chip_bandwidth_bytes_per_s=1.1e15 / 4096, step_latency_s=1e-6),
   name="tpu_v4",
   sources=(
@@ -173,6 +197,8 @@ TPU_V5E = TimeModel(
   memory_bytes=16e9,
   bandwidth_bytes_per_s=51.2e12 / 256,
   latency_s=1e-6,
+  op_overhead_s=5e-7,
+  step_overhead_s=3e-5,
   topology=Torus(chip_bandwidth_bytes_per_s=51.2e12 / 256, step_latency_s=1e-6),
   name="tpu_v5e",
   sources=(
@@ -187,6 +213,7 @@ A100 = TimeModel(
   bandwidth_bytes_per_s=300e9,
   latency_s=1e-6,
   op_overhead_s=5e-6,
+  step_overhead_s=5e-5,
   topology=Hosts(
     per_host=8,
     nvlink_bytes_per_s=300e9,
@@ -210,6 +237,7 @@ H100 = TimeModel(
   bandwidth_bytes_per_s=450e9,
   latency_s=1e-6,
   op_overhead_s=5e-6,
+  step_overhead_s=5e-5,
   topology=Hosts(
     per_host=8,
     nvlink_bytes_per_s=450e9,
@@ -247,7 +275,8 @@ def calibrate(devices: Sequence[str], reps: int = 5, size: int = 256, session_co
   Runs on a 1-D mesh over all devices (graph mode, placement backend): a matmul split over every
   processor (no communication; all processors at once, so devices sharing cores count as slower)
   for flops_per_s; allreduces of two sizes for latency and bandwidth (a straight line through the
-  two medians); chains of 1 and 101 elementwise sines for op_overhead_s. The same bandwidth
+  two medians); chains of 1 and 101 elementwise sines for op_overhead_s (their difference) and
+  step_overhead_s (the 1-op step less its op). The same bandwidth
   and latency then apply to every mesh dimension.
 
   Args:
@@ -315,10 +344,12 @@ def calibrate(devices: Sequence[str], reps: int = 5, size: int = 256, session_co
   short_s, _ = median_s(chain(1))
   long_s, _ = median_s(chain(101))
   bandwidth = (large_bytes - small_bytes) / max(large_s - small_s, 1e-6)
+  op_overhead_s = max(long_s - short_s, 0.0) / 100
   return TimeModel(
     flops_per_s=2 * size**3 / matmul_s,
     bandwidth_bytes_per_s=bandwidth,
     latency_s=max(small_s - small_bytes / bandwidth, 1e-6),
-    op_overhead_s=max(long_s - short_s, 0.0) / 100,
+    op_overhead_s=op_overhead_s,
+    step_overhead_s=max(short_s - op_overhead_s, 0.0),
     name="calibrated",
   )

@@ -64,16 +64,18 @@ def avoidable_communication(graph, report, outputs=(), threshold: float = 0.01) 
   A rule is flagged when it makes a reshape or rename move data (the dimension and its renamed
   copy are laid out differently, as when attention renames a split sequence), or when removing it
   or moving its mesh dimension to another dimension makes the step more than `threshold`
-  (relative) faster. Alternatives are scored by the layout search's fast estimate.
+  (relative) faster. Alternatives are scored by the layout search's fast estimate. Plain data
+  parallelism is not flagged (see `is_data_parallel`).
   """
   validator = valid_layouts.LayoutValidator(graph, report.mesh_shape)
   problem = _solver.Problem(graph, report.mesh_shape, validator, outputs, report.time_model)
   # Rules for mesh dimensions this mesh lacks do not apply (the dry run warned about likely typos).
   current = {d: m for d, m in _rules_of(report.layout_rules) if d in problem.dims and m in problem.mesh_names}
   warnings = []
+  ops = {op.name: op for op in graph.operations}
   for rule, events in sorted(event_rules(graph, report).items()):
     dim, mesh_dim = rule.split(":")
-    if dim not in current:
+    if dim not in current or is_data_parallel(graph, dim, events, ops):
       continue
     alternatives = [({d: m for d, m in current.items() if d != dim}, f"drop the rule {rule}")]
     for other in problem.dims:
@@ -102,6 +104,25 @@ def avoidable_communication(graph, report, outputs=(), threshold: float = 0.01) 
         )
       )
   return sorted(warnings, key=lambda w: -w.bytes_per_processor)
+
+
+def is_data_parallel(graph, dim: str, events, ops: dict) -> bool:
+  """Whether a rule is plain data parallelism: `dim` is in no variable and its only communication
+  sums gradients over `dim` (a gradient op whose output lacks `dim`).
+
+  That sum is the price of sharing the step among processors; the only rule change that removes
+  it replicates the work on every processor (on a small model it is predicted faster, which says
+  to use fewer processors, not to change the layout).
+  """
+  if any(dim in v.outputs[0].shape.dimension_names for v in graph.trainable_variables):
+    return False
+  for e in events:
+    op = ops.get(e.op_name)
+    if e.reason == "reshape_op" or op is None or not op.outputs or "/gradients/" not in f"/{op.name}/":
+      return False
+    if dim in op.outputs[0].shape.dimension_names:
+      return False
+  return True
 
 
 def _row(problem, assignment: dict):
@@ -154,34 +175,60 @@ def memory_sum(m) -> str:
 
 
 def step_line(report) -> str:
-  """`Predicted step (<time model>): <ms> = compute + communication + op overhead`."""
+  """`Predicted step (<time model>): <ms> = compute + communication + overhead (ops and step)`."""
   return (
     f"Predicted step ({report.time_model.name} time model): {report.step_s * 1e3:.3f} ms = compute "
-    f"{report.compute_s * 1e3:.3f} + communication {report.comm_s * 1e3:.3f} + op overhead "
+    f"{report.compute_s * 1e3:.3f} + communication {report.comm_s * 1e3:.3f} + overhead (ops and step) "
     f"{report.overhead_s * 1e3:.3f}."
   )
 
 
+def collective_rows(graph, report) -> list:
+  """The collectives table: one row per collective that moves bytes, then one line for any that move none.
+
+  Names are printed whole (the widest sets the column), so rows of different ops never read the
+  same; the tensor column gives the op's output shape, which tells apart the collectives of one op.
+  """
+  ops = {op.name: op for op in graph.operations}
+  moving = [e for e in report.events if e.bytes_per_processor > 0]
+  cells = []
+  for e in moving:
+    op = ops.get(e.op_name)
+    tensor = _shape_text(op.outputs[0].shape) if op is not None and op.outputs else ""
+    mesh_dims = ",".join(cost_model.mesh_dim_names(report.mesh_shape, e.mesh_axes))
+    loop = f" (per iteration of {e.in_loop})" if e.in_loop else ""
+    cells.append((e.op_name, tensor, e.kind, f"{e.bytes_per_processor:,.0f}", mesh_dims, e.reason + loop))
+  header = ("op", "output shape", "kind", "bytes/proc", "mesh dims", "why")
+  widths = [max(len(c[i]) for c in [header, *cells]) for i in range(len(header) - 1)]
+  widths[2], widths[3] = max(widths[2], 10), max(widths[3], 12)  # `kind bytes` as tests and docs read them
+
+  def row(c):
+    op, tensor, kind, sent, mesh_dims, why = c
+    w = widths
+    return f"{op:{w[0]}} {tensor:{w[1]}} {kind:{w[2]}} {sent:>{w[3]}} {mesh_dims:{w[4]}} {why}"
+
+  lines = [row(header)] + [row(c) for c in cells]
+  idle = len(report.events) - len(moving)
+  if idle:
+    kinds = ", ".join(sorted({e.kind for e in report.events if e.bytes_per_processor == 0}))
+    lines.append(f"({idle} more collective(s) move 0 bytes: {kinds})")
+  if not report.events:
+    lines.append("(no communication)")
+  return lines
+
+
+def _shape_text(shape) -> str:
+  return "[" + ", ".join(f"{d.name}:{d.size}" for d in shape.dims) + "]"
+
+
 def format_report(graph, report: cost_model.CostReport, warnings, tokens_per_step=None) -> str:
   """The text explanation: collectives table, memory, time, the fits/predicted lines and warnings."""
-  ops = {op.name: op for op in graph.operations}
   lines = [
     f"Layout {';'.join(f'{d}:{m}' for d, m in _rules_of(report.layout_rules)) or '(replicated)'} "
     f"on mesh {report.mesh_shape} ({report.mesh_shape.size} processors)",
     "",
-    f"{'op':40} {'tensor':32} {'kind':10} {'bytes/proc':>12} {'mesh dims':12} why",
+    *collective_rows(graph, report),
   ]
-  for e in report.events:
-    op = ops.get(e.op_name)
-    tensor = op.outputs[0].name if op is not None and op.outputs else ""
-    mesh_dims = ",".join(cost_model.mesh_dim_names(report.mesh_shape, e.mesh_axes))
-    loop = f" (per iteration of {e.in_loop})" if e.in_loop else ""
-    lines.append(
-      f"{e.op_name[:40]:40} {tensor[:32]:32} {e.kind:10} {e.bytes_per_processor:12,.0f} "
-      f"{mesh_dims:12} {e.reason}{loop}"
-    )
-  if not report.events:
-    lines.append("(no communication)")
   m = report.memory
   lines += [
     "",

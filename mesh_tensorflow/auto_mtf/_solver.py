@@ -372,13 +372,14 @@ class AnyAssignment:
 
 
 def estimated_step_s(problem: Problem, assignment: dict) -> float:
-  """The fast estimate's step time of one assignment, plus the cost model's per-op overhead.
+  """The fast estimate's step time of one assignment, plus the cost model's per-op and step overheads.
 
   Works for any assignment of `problem.dims` (a mesh dimension need not divide the dimension: a
   processor's share is then ceil(n / m)); inf where a reshape's layout change cannot be planned.
   """
   seconds, _ = problem.estimate(problem.to_row(assignment)[None])
-  return float(seconds[0]) + len(problem.graph.operations) * problem.time_model.op_overhead_s
+  tm = problem.time_model
+  return float(seconds[0]) + len(problem.graph.operations) * tm.op_overhead_s + tm.step_overhead_s
 
 
 def search(problem, memory_limit_bytes: Optional[float] = None, top_k: int = 4) -> Solution:

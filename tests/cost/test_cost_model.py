@@ -55,7 +55,8 @@ def test_flops_memory_and_time_follow_the_documented_model():
   mesh = mtf.Mesh(graph, "mesh")
   y = _dense(mesh)
   tm = cost_model.TimeModel(
-    flops_per_s=1e9, bandwidth_bytes_per_s={"x": 1e6, "*": 1e9}, latency_s=1e-3, op_overhead_s=1e-4
+    flops_per_s=1e9, bandwidth_bytes_per_s={"x": 1e6, "*": 1e9}, latency_s=1e-3, op_overhead_s=1e-4,
+    step_overhead_s=2e-3,
   )
   report = cost_model.estimate_cost(graph, "x:2;y:4", "b:x;i:y", [y], time_model=tm)
   einsum = y.operation.inputs[0].operation
@@ -66,7 +67,7 @@ def test_flops_memory_and_time_follow_the_documented_model():
   assert event.kind == "allreduce" and event.mesh_axes == (1,)
   assert report.comm_s == pytest.approx(1e-3 + event.bytes_per_processor / 1e9)
   assert report.compute_s == pytest.approx(report.flops / 1e9)
-  assert report.overhead_s == pytest.approx(len(graph.operations) * 1e-4)
+  assert report.overhead_s == pytest.approx(len(graph.operations) * 1e-4 + 2e-3)  # per op, per step
   assert report.step_s == pytest.approx(report.compute_s + report.comm_s + report.overhead_s)
   assert report.comm_bytes_by_kind() == {("allreduce", ("y",)): event.bytes_per_processor}
   assert report.memory.activation_peak_bytes >= 8 * 32 * 4 // 2  # the output slice is kept
@@ -84,7 +85,7 @@ def test_calibration_measures_rates_of_a_cpu_in_seconds_on_the_virtual_devices()
   # Two loaded cores: 8e7 to 5e8 FLOP/s and 1 to 6 ms per transfer measured at this size; the
   # bounds catch a unit error (milliseconds for seconds, a missing factor of a thousand).
   assert 1e6 < tm.flops_per_s < 1e13, tm
-  assert 1e-6 <= tm.latency_s < 1.0 and 0 <= tm.op_overhead_s < 0.1, tm
+  assert 1e-6 <= tm.latency_s < 1.0 and 0 <= tm.op_overhead_s < 0.1 and 0 <= tm.step_overhead_s < 1.0, tm
   assert tm.bandwidth_bytes_per_s > 0, tm   # a difference of two short timings: no useful upper bound
 
 

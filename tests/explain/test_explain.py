@@ -125,3 +125,44 @@ def test_tiling_grid_shows_which_processor_holds_each_block():
   events = mtf.cost_model.estimate_cost(graph, mesh_shape, layout).events
   per_layer = comm_bytes_per_layer(events)
   assert sum(per_layer.values()) == sum(e.bytes_per_processor for e in events)
+
+
+def _explained(capsys, mesh_shape: str, layout: str, *extra: str) -> str:
+  assert explain_main(
+    TINY_LM + ["--batch", "8", "--mesh_shape", mesh_shape, "--layout", layout, *extra]
+  ) == 0
+  return capsys.readouterr().out
+
+
+def _table(text: str) -> list:
+  lines = text.splitlines()
+  start = next(i for i, line in enumerate(lines) if line.startswith("op "))
+  return lines[start + 1 : lines.index("", start)]
+
+
+def test_table_rows_name_each_collective_whole_so_no_two_rows_read_the_same(capsys):
+  rows = _table(_explained(capsys, "batch:8", "batch:batch"))
+  assert len(rows) == 11 and len(set(rows)) == len(rows)
+  # The four attention projections' weight gradients, cut at 40 characters before, now differ.
+  for name in ("einsum", "einsum_1", "einsum_2", "einsum_5"):
+    assert any(r.startswith(f"transformer/block_000/layer_000/SelfAttention/{name}/gradients/einsum_1 ")
+               for r in rows)
+
+
+def test_collectives_that_move_no_bytes_are_folded_into_one_line(capsys):
+  rows = _table(_explained(capsys, "batch:2;model:4", "batch:batch;length:model"))
+  folded = [r for r in rows if r.startswith("(")]
+  assert folded == ["(4 more collective(s) move 0 bytes: allsplit, receive)"]
+  assert all(not re.search(r"\s0\s+\S+\s+\S+$", r) for r in rows if not r.startswith("("))
+
+
+def test_plain_data_parallelism_gets_no_warning(capsys):
+  text = _explained(capsys, "batch:8", "batch:batch")
+  assert "WARNING" not in text and "No avoidable communication found." in text
+
+
+def test_a_tiny_model_on_a_tpu_is_predicted_far_below_peak(capsys):
+  text = _explained(capsys, "batch:2;model:4", "batch:batch", "--accelerator", "tpu_v3")
+  step = re.search(r"overhead \(ops and step\) ([\d.]+)\.$", text, re.M)
+  utilization = float(re.search(r"^predicted: [\d,]+ tokens/s, ([\d.]+)% of peak", text, re.M).group(1))
+  assert float(step.group(1)) >= 0.03 and utilization < 1.0
