@@ -18,6 +18,7 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import dataset as dataset_lib, learning_rate_schedules
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer._train import arguments, checkpoints, estimator_api, loop, model_fn
+from mesh_tensorflow.transformer._train import schedule_horizon
 from mesh_tensorflow.transformer._train import eval as eval_lib
 from mesh_tensorflow.transformer._train import tpu as tpu_lib
 from mesh_tensorflow.transformer._utils import GIN_MODULE
@@ -174,6 +175,9 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
   if mode == "train":
     if train_dataset_fn is None:
       raise ValueError("mode 'train' needs utils.run.train_dataset_fn.")
+    # A call's total_train_steps overrides the one bound above: the check evaluates both horizons.
+    schedule_horizon.check_and_record(model_dir, learning_rate_schedule, total_run_steps or train_steps,
+                                      train_steps)
     result = train_model_fn(estimator, vocabulary, sequence_length, batch_size, train_dataset_fn, train_steps,
                             ensemble_inputs, skip_seen_data=skip_seen_data,
                             seen_data_init_step=seen_data_init_step,
