@@ -41,6 +41,16 @@ def owner_grid(tensor_shape, mesh_shape, layout_rules) -> np.ndarray:
   return grid
 
 
+def split_summary(tensor_shape, mesh_shape, layout_rules) -> str:
+  """Which dims the layout splits over which mesh dims ("d_ff→model"), or "nothing split"."""
+  splits = []
+  for d in tensor_shape.dims:
+    axis = layout_rules.tensor_dimension_to_mesh_axis(d, mesh_shape)
+    if axis is not None:
+      splits.append(f"{d.name}→{mesh_shape.dims[axis].name}")
+  return ", ".join(splits) or "nothing split"
+
+
 def layer_of(op_name: str) -> str:
   """The layer an op belongs to: its name up to the second "/" (gradients join their forward layer)."""
   return "/".join(op_name.split("/")[:2])
@@ -54,17 +64,26 @@ def comm_bytes_per_layer(events) -> dict:
 
 
 def draw(report, tensors, directory: str, fmt: str = "png") -> list:
-  """Writes tiling.<fmt> (each tensor's blocks coloured by owner) and comm_per_layer.<fmt>; returns paths."""
+  """Writes tiling.<fmt> (each tensor's blocks coloured by owner, titled with its splits; a tensor
+  split nowhere says so) and comm_per_layer.<fmt>; returns paths."""
   plt = _pyplot()
   os.makedirs(directory, exist_ok=True)
   mesh_shape = convert_to_shape(report.mesh_shape)
   fig, axes = plt.subplots(1, max(1, len(tensors)), figsize=(3 * max(1, len(tensors)), 3), squeeze=False)
   for ax, t in zip(axes[0], tensors):
-    grid = owner_grid(t.shape, mesh_shape, report.layout_rules)
-    ax.imshow(grid, cmap="tab20", vmin=0, vmax=19)
-    ax.set_yticks(range(grid.shape[0]))  # one tick per block, not matplotlib's fractional ones
-    ax.set_xticks(range(grid.shape[1]))
-    ax.set_title(f"{t.name}\n{t.shape}", fontsize=7)
+    splits = split_summary(t.shape, mesh_shape, report.layout_rules)
+    ax.set_title(f"{t.name}\n{t.shape}\n{splits}", fontsize=7)
+    if splits == "nothing split":  # one block: say so instead of a solid square labelled 0
+      ax.set_facecolor("0.9")
+      ax.text(0.5, 0.5, f"nothing split:\nall {mesh_shape.size} processors\nhold all of it",
+              ha="center", va="center", fontsize=8, transform=ax.transAxes)
+      ax.set_xticks([])
+      ax.set_yticks([])
+    else:
+      grid = owner_grid(t.shape, mesh_shape, report.layout_rules)
+      ax.imshow(grid, cmap="tab20", vmin=0, vmax=19)
+      ax.set_yticks(range(grid.shape[0]))  # one tick per block, not matplotlib's fractional ones
+      ax.set_xticks(range(grid.shape[1]))
     names = t.shape.dimension_names + ["", ""]
     ax.set_ylabel(names[0])
     ax.set_xlabel(names[1])

@@ -75,8 +75,9 @@ def test_a_sequence_split_attention_layout_is_flagged_with_its_fix(capsys, tmp_p
   # Each tiled tensor is titled with its name and shape, its axes with its first two dims.
   assert {"transformer/embedding:0", "Shape[vocab=128, d_model=32]", "vocab", "d_model"} <= set(
     labels["tiling.svg"])
-  # Its ticks count blocks: 0 alone for an unsplit dim (these variables are not split).
-  assert {label for label in labels["tiling.svg"] if re.fullmatch(r"[−\d.]+", label)} == {"0"}
+  # These variables are split nowhere: each panel says so instead of drawing one block labelled 0.
+  assert labels["tiling.svg"].count("nothing split") == 3 and "all 8 processors" in labels["tiling.svg"]
+  assert not [label for label in labels["tiling.svg"] if re.fullmatch(r"[−\d.]+", label)]
   # One bar per layer that communicates: the attention block's sequence-split relayouts among them.
   assert {"transformer/block_000", "bytes sent per processor"} <= set(labels["comm_per_layer.svg"])
 
@@ -125,6 +126,20 @@ def test_tiling_grid_shows_which_processor_holds_each_block():
   events = mtf.cost_model.estimate_cost(graph, mesh_shape, layout).events
   per_layer = comm_bytes_per_layer(events)
   assert sum(per_layer.values()) == sum(e.bytes_per_processor for e in events)
+
+
+def test_tiling_titles_name_each_split_and_ticks_count_the_blocks(tmp_path):
+  from mesh_tensorflow._explain.plots import split_summary
+  mesh_shape = mtf.convert_to_shape("batch:2;model:4")
+  rules = mtf.convert_to_layout_rules("batch:batch;d_ff:model")
+  assert split_summary(mtf.convert_to_shape("d_model:8;d_ff:16"), mesh_shape, rules) == "d_ff→model"
+  assert split_summary(mtf.convert_to_shape("d_model:8"), mesh_shape, rules) == "nothing split"
+  with matplotlib.rc_context({"svg.fonttype": "none"}):
+    explain_main(TINY_LM + ["--mesh_shape", "batch:2;model:4", "--layout", "batch:batch;d_ff:model",
+                            "--plot_dir", str(tmp_path), "--plot_format", "svg"])
+  labels = re.findall(r"<text[^>]*>([^<]*)</text>", (tmp_path / "tiling.svg").read_text())
+  assert "d_ff→model" in labels  # the two feed-forward kernels, split over model's 4 processors
+  assert {"0", "1", "2", "3"} <= set(labels)
 
 
 def _explained(capsys, mesh_shape: str, layout: str, *extra: str) -> str:
