@@ -49,17 +49,24 @@ class Solution:
 
   @property
   def key(self) -> tuple:
-    """Order of preference: predicted step time, then memory, then more split dimensions.
+    """Order of preference: predicted step time, then memory, then more split dimensions, then
+    fewer dimensions on a mesh dimension of another name.
 
-    The last is upstream's tie-break (its objective subtracted the number of assignments): a
-    dimension that a size-1 mesh dimension can take is assigned to it.
+    The third is upstream's tie-break (its objective subtracted the number of assignments): a
+    dimension that a size-1 mesh dimension can take is assigned to it. The last makes a tie on a
+    mesh named `batch:2;model:2` give batch:batch;d_ff:model, not batch:model;d_ff:batch.
     """
     memory = self.report.memory.total_bytes if self.report else self.estimated_memory
-    return (self.step_s, memory, -len(self.assignment))
+    return (self.step_s, memory, -len(self.assignment), misnamed_splits(self.assignment))
 
   @property
   def step_s(self) -> float:
     return self.report.step_s if self.report else self.estimated_s
+
+
+def misnamed_splits(assignment: dict) -> int:
+  """How many tensor dims the assignment puts on a mesh dim of another name (a tie-break)."""
+  return sum(dim != mesh_dim for dim, mesh_dim in assignment.items())
 
 
 class Problem:
@@ -403,7 +410,8 @@ def search(problem, memory_limit_bytes: Optional[float] = None, top_k: int = 4) 
   if memory_limit_bytes is not None:
     fits &= memory <= memory_limit_bytes * 1.25  # the estimate is rough; the exact check follows
   num_split = (rows >= 0).sum(axis=1)
-  order = [i for i in np.lexsort((-num_split, memory, seconds)) if fits[i]]
+  misnamed = _misnamed_counts(problem, rows)
+  order = [i for i in np.lexsort((misnamed, -num_split, memory, seconds)) if fits[i]]
   best, attempts, fitting = None, 0, 0
   for i in order:
     if fitting == top_k or attempts == 4 * top_k:
@@ -430,6 +438,13 @@ def search(problem, memory_limit_bytes: Optional[float] = None, top_k: int = 4) 
   if best is None:
     raise NoLayoutFits(problem, memory_limit_bytes, rows[int(np.argmin(memory))])
   return best
+
+
+def _misnamed_counts(problem, rows: np.ndarray) -> np.ndarray:
+  """misnamed_splits of each row (a row holds each dim's mesh axis, or -1)."""
+  names = list(problem.mesh_names)
+  same_name = np.array([names.index(d) if d in names else -2 for d in problem.dims])
+  return ((rows >= 0) & (rows != same_name)).sum(axis=1)
 
 
 def _costed(problem, row, estimated_s, estimated_memory) -> Optional[Solution]:

@@ -103,3 +103,14 @@ def test_a_name_one_tensor_holds_with_two_sizes_is_never_split_and_the_layout_lo
   for op in graph.operations:  # every tensor has a valid layout under the result
     for t in op.outputs:
       layout.tensor_layout(t.shape, mesh_shape)
+
+
+def test_a_tie_goes_to_the_layout_whose_mesh_dim_names_match_the_dims_they_hold():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "my_mesh")
+  x = mtf.zeros(mesh, "batch:8,d_model:4")
+  w = mtf.get_variable(mesh, "w", "d_model:4,d_ff:8")
+  loss = mtf.reduce_sum(mtf.einsum([x, w], "batch:8,d_ff:8"))
+  # batch and d_ff are interchangeable here: both layouts cost the same, on either mesh order.
+  for mesh_shape in ("batch:2;model:2", "model:2;batch:2"):
+    assert list(auto_mtf.layout(graph, mesh_shape, [loss])) == [("batch", "batch"), ("d_ff", "model")]
