@@ -11,7 +11,7 @@ from mesh_tensorflow._core.dims import (
     Dimension, Shape, anonymous_shape, combined_dimension, convert_to_dimension, convert_to_shape,
     is_subsequence, list_product)
 from mesh_tensorflow._core.errors import (
-    DimensionSpecError, GradientNotImplementedError, LayoutError, LayoutRuleWarning,
+    BroadcastWarning, DimensionSpecError, GradientNotImplementedError, LayoutError, LayoutRuleWarning,
     UnsplittableDimensionError)
 from mesh_tensorflow._core.graph import Graph, Mesh
 from mesh_tensorflow._core.layout import (

@@ -73,13 +73,16 @@ class Shape:
   """An ordered list of distinct Dimensions, e.g. Shape[batch=8, d_model=512].
 
   `dims` is a list of Dimensions or (name, size) pairs, or a string "batch:8;d_model:512".
-  As in 0.1.21, a name may appear with two sizes: a kernel [d_model=6, d_model=2] maps d_model=6
-  to d_model=2, and the two are different Dimensions (a layout splits both or neither).
+  As in 0.1.21, a list of Dimensions may hold a name with two sizes: a kernel [d_model=6,
+  d_model=2] maps d_model=6 to d_model=2, and the two are different Dimensions (a layout splits
+  both or neither). A string may not ("heads:4;heads:8" is a typo far more often than a kernel).
   """
 
   def __init__(self, dims: Union[Iterable, str] = ()):
     if isinstance(dims, str):
+      spec = dims
       dims = _parse_string_to_list_of_pairs(dims, seconds_to_int=True)
+      _check_string_names_once(spec, dims)
     self._dims = [convert_to_dimension(d) for d in tuple(dims)]
     if len(set(self._dims)) != len(self._dims):
       repeated = sorted({d.name for d in self._dims if self._dims.count(d) > 1})
@@ -174,7 +177,9 @@ class Shape:
     raise ValueError(f"No dimension named {name!r} in {self}; available: {self.dimension_names}.")
 
   def rename_dimension(self, old_name: str, new_name: str) -> Shape:
+    """This shape with dimension `old_name` called `new_name`, which it must not already hold."""
     i = self._index_of(old_name)
+    check_rename_target_is_free(self, old_name, new_name, f"rename_dimension of {self}")
     dims = self.dims
     dims[i] = Dimension(new_name, dims[i].size)
     return Shape(dims)
@@ -187,6 +192,27 @@ class Shape:
 
   def get_dim_by_name(self, name: str) -> Dimension:
     return self._dims[self._index_of(name)]
+
+
+def _check_string_names_once(spec: str, pairs) -> None:
+  names = [name for name, _ in pairs]
+  repeated = sorted({n for n in names if names.count(n) > 1})
+  if repeated:
+    sizes = {n: [size for name, size in pairs if name == n] for n in repeated}
+    raise ValueError(
+        f"Shape string {spec!r} names {repeated} more than once (sizes {sizes}); each name may "
+        f"appear once in a shape string. Fix the typo, or, for a kernel that maps a dim to a "
+        f"resized one, pass a list of Dimensions, e.g. [mtf.Dimension('d', 6), mtf.Dimension('d', 2)].")
+
+
+def check_rename_target_is_free(shape: Shape, old_name: str, new_name: str, what: str) -> None:
+  """Renaming `old_name` onto a name the shape already holds would give one name two sizes."""
+  if new_name == old_name or new_name not in shape.dimension_names:
+    return
+  held = shape.get_dim_by_name(new_name)
+  raise ValueError(
+      f"{what}: cannot rename {old_name!r} (size {shape.get_dim_by_name(old_name).size}) to "
+      f"{new_name!r}: the shape already has {held}. Pick a name the shape does not hold.")
 
 
 ShapeLike = Union[Shape, str, Iterable, None]

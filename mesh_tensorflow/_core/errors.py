@@ -36,5 +36,14 @@ class LayoutRuleWarning(UserWarning):
   """
 
 
+class BroadcastWarning(UserWarning):
+  """An einsum output dimension is in no input, so the result is copied along it (0.1.21's meaning).
+
+  Usually a mistake (a misnamed or forgotten dimension trains a wrong model), so einsum warns once
+  per op unless the caller names the dimension in `broadcast_dims`. Filter this category to
+  silence it, or make it an error with `warnings.simplefilter("error", mtf.BroadcastWarning)`.
+  """
+
+
 class GradientNotImplementedError(NotImplementedError):
   """mtf.gradients reached an op that has no gradient (e.g. a second-order gradient)."""

@@ -14,7 +14,7 @@ from collections import abc
 from typing import Iterator, Optional
 
 from mesh_tensorflow._core.dims import Dimension, Shape, convert_to_shape
-from mesh_tensorflow._core.errors import LayoutRuleWarning, UnsplittableDimensionError
+from mesh_tensorflow._core.errors import LayoutError, LayoutRuleWarning, UnsplittableDimensionError
 from mesh_tensorflow._core.graph import Graph, Mesh
 from mesh_tensorflow._core.layout import LayoutRules, convert_to_layout_rules, slice_shape
 from mesh_tensorflow._core.operation import Operation
@@ -37,8 +37,17 @@ def check_layout(graph: Graph, mesh_shape, layout_rules, mesh: Optional[Mesh] = 
     _check_splits_only_splittable_dims(op, mesh_shape, layout_rules)
     for t in op.outputs:
       if t.shape not in valid_shapes:
-        slice_shape(t.shape, mesh_shape, layout_rules)
+        _check_valid_tensor_layout(op, t, mesh_shape, layout_rules)
         valid_shapes.add(t.shape)
+
+
+def _check_valid_tensor_layout(op: Operation, tensor, mesh_shape: Shape, layout_rules: LayoutRules) -> None:
+  """slice_shape's check, its message naming the tensor and the op (a variable: its name) it comes from."""
+  try:
+    slice_shape(tensor.shape, mesh_shape, layout_rules)
+  except ValueError as e:
+    raise LayoutError(f"Tensor {tensor.name!r} (output of {type(op).__name__} {op.name!r}): {e}",
+                      op=op) from e
 
 
 def check_mesh_impls(graph: Graph, mesh_to_impl) -> None:

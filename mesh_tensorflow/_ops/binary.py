@@ -246,9 +246,10 @@ def multiply(x1, x2, output_shape=None, name: Optional[str] = None) -> Tensor:
   if not isinstance(x1, Tensor):
     return ScalarMultiplyOperation(x2, x1, name=name).outputs[0]
   _check_tensor_pair(name or "multiply", x1, x2)
-  return einsum_ops.einsum(
-      [x1, x2], output_shape=_infer_binary_broadcast_shape(x1.shape, x2.shape, output_shape),
-      name=name)
+  # Like every binary op, multiply broadcasts to the output shape it is given: no BroadcastWarning.
+  output_shape = _infer_binary_broadcast_shape(x1.shape, x2.shape, output_shape)
+  return einsum_ops.einsum([x1, x2], output_shape=output_shape, name=name,
+                           broadcast_dims=einsum_ops.new_dims([x1, x2], output_shape))
 
 
 def divide(x1, x2, output_shape=None, name: Optional[str] = None) -> Tensor:

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import string
+import sys
+import warnings
 from typing import Optional, Sequence
 
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._core.dims import Dimension, Shape, convert_to_shape
+from mesh_tensorflow._core.errors import BroadcastWarning
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._lowering.mesh_impl import expand_dims_to
@@ -27,10 +31,12 @@ __all__ = ["EinsumOperation", "einsum", "matmul"]
 class EinsumOperation(Operation):
   """Broadcasts all inputs to the union of their dimensions, multiplies, and sums to `output_shape`.
 
-  Output dimensions present in no input are filled by broadcasting the result.
+  Output dimensions present in no input are filled by broadcasting the result; a BroadcastWarning
+  says so unless they are listed in `broadcast_dims`.
   """
 
-  def __init__(self, inputs: Sequence[Tensor], output_shape, name: Optional[str] = None):
+  def __init__(self, inputs: Sequence[Tensor], output_shape, name: Optional[str] = None,
+               broadcast_dims=None):
     inputs = list(inputs)
     output_shape = convert_to_shape(output_shape)
     _check_has_inputs(inputs, name)
@@ -39,6 +45,9 @@ class EinsumOperation(Operation):
     checks.check_same_dtype(f"einsum {op_name!r}", inputs)
     checks.check_same_dimension_sizes(f"einsum {op_name!r}", inputs, output_shape)
     _check_output_dims_are_broadcastable(inputs, output_shape, op_name)
+    broadcast_dims = convert_to_shape(broadcast_dims) or Shape([])
+    _check_broadcast_dims_are_new(inputs, output_shape, broadcast_dims, op_name)
+    _warn_unrequested_broadcast(inputs, output_shape, broadcast_dims, op_name)
     super().__init__(inputs, name=name or "einsum")
     self._outputs = [Tensor(self, output_shape, inputs[0].dtype)]
     self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
@@ -46,7 +55,11 @@ class EinsumOperation(Operation):
   def gradient(self, grad_ys):
     dy = grad_ys[0]
     xs = self.inputs
-    return [einsum([dy] + xs[:i] + xs[i + 1:], output_shape=x.shape) for i, x in enumerate(xs)]
+    grads = []
+    for i, x in enumerate(xs):
+      others = [dy] + xs[:i] + xs[i + 1:]
+      grads.append(einsum(others, output_shape=x.shape, broadcast_dims=new_dims(others, x.shape)))
+    return grads
 
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
@@ -68,7 +81,7 @@ class EinsumOperation(Operation):
 
 
 def einsum(xs: Sequence[Tensor], output_shape=None, reduced_dims=None,
-           name: Optional[str] = None) -> Tensor:
+           name: Optional[str] = None, broadcast_dims=None) -> Tensor:
   """Einstein summation over named dimensions.
 
   Output shape when not given: with neither argument, the dims that appear in exactly one input
@@ -78,19 +91,27 @@ def einsum(xs: Sequence[Tensor], output_shape=None, reduced_dims=None,
   Example: einsum([x, w], reduced_dims=[d_model]) with x [batch, d_model], w [d_model, d_ff]
   gives [batch, d_ff].
 
+  An output dim that is in no input is filled by copying the result along it (as in 0.1.21).
+  That is usually a mistake (a misnamed dim), so it warns (mtf.BroadcastWarning, once per op,
+  naming the dim and the op) unless the dim is listed in `broadcast_dims`:
+  einsum([x], output_shape=[batch, beam], broadcast_dims=[beam]) copies x [batch] over beam.
+
   Args:
     xs: the input mtf Tensors (one or more), all of one dtype.
     output_shape: the output's dims (mtf.Shape, list of Dimensions or string); dims of the inputs
       absent from it are summed over.
     reduced_dims: the dims to sum over, instead of output_shape.
     name: an optional op name.
+    broadcast_dims: output dims in no input that are meant to be broadcast (a Shape, list of
+      Dimensions or string); each must be in output_shape and in no input.
 
   Returns:
     An mtf Tensor.
 
   Raises:
     ValueError: reduced_dims holds a non-Dimension, or contradicts output_shape; inputs differ in
-      dtype or in the size of a same-named dimension; no inputs.
+      dtype or in the size of a same-named dimension; no inputs; broadcast_dims names a dim that
+      is not in output_shape or is in an input.
     TypeError: an input is not an mtf Tensor.
   """
   xs = list(xs)
@@ -110,7 +131,13 @@ def einsum(xs: Sequence[Tensor], output_shape=None, reduced_dims=None,
       output_shape = Shape([d for d in input_dims if d not in reduced_dims])
   elif reduced_dims is not None:
     _check_reduced_dims_match_output(input_dims, output_shape, reduced_dims, name)
-  return EinsumOperation(xs, output_shape, name=name).outputs[0]
+  return EinsumOperation(xs, output_shape, name=name, broadcast_dims=broadcast_dims).outputs[0]
+
+
+def new_dims(inputs: Sequence[Tensor], output_shape) -> list:
+  """The dims of `output_shape` that no input has: an einsum broadcasts the result along them."""
+  present = {d for x in inputs for d in x.shape}
+  return [d for d in convert_to_shape(output_shape) if d not in present]
 
 
 def matmul(a: Tensor, b: Tensor, output_shape=None, reduced_dims=None,
@@ -187,6 +214,38 @@ def _check_output_dims_are_broadcastable(inputs, output_shape: Shape, op_name: s
           f"einsum {op_name!r}: output dimension {d.name!r} (size {d.size}) is in no input, and it "
           f"cannot be broadcast because the inputs have {d.name!r} with size {other.size}; use "
           f"size {other.size} in the output shape, or rename the output dimension.")
+
+
+def _check_broadcast_dims_are_new(inputs, output_shape: Shape, broadcast_dims: Shape, op_name: str) -> None:
+  present = {d for x in inputs for d in x.shape}
+  for d in broadcast_dims:
+    if d not in output_shape.dims or d in present:
+      where = "an input has it" if d in present else f"it is not in the output shape {output_shape}"
+      raise ValueError(
+          f"einsum {op_name!r}: broadcast_dims lists {d} but {where}; list only output dims that no "
+          f"input has (here {new_dims(inputs, output_shape)}).")
+
+
+def _warn_unrequested_broadcast(inputs, output_shape: Shape, broadcast_dims: Shape, op_name: str) -> None:
+  unrequested = [d for d in new_dims(inputs, output_shape) if d not in broadcast_dims.dims]
+  if unrequested:
+    warnings.warn(
+        f"einsum {op_name!r}: output dimension(s) {[d.name for d in unrequested]} are in no input "
+        f"(inputs {[x.shape for x in inputs]}), so the result is copied along them. If that is meant, "
+        f"pass broadcast_dims={unrequested}; otherwise an input lacks the dimension (misnamed?) or "
+        f"it should not be in output_shape {output_shape}.",
+        BroadcastWarning, stacklevel=_stacklevel_of_caller_outside_package())
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _stacklevel_of_caller_outside_package() -> int:
+  """The warnings stacklevel (seen from the caller of this) of the first frame outside mtf's code."""
+  frame, level = sys._getframe(1), 1
+  while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    frame, level = frame.f_back, level + 1
+  return level
 
 
 def _check_reduced_dims_are_dimensions(reduced_dims, name) -> None:

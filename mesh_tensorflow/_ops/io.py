@@ -27,8 +27,8 @@ class ImportOperation(Operation):
     tf_tensor = tf.convert_to_tensor(tf_tensor)
     if not tf_tensor.shape.is_compatible_with(shape.to_integer_list):
       raise ValueError(
-          f"import {self.name!r}: TF tensor of shape {tf_tensor.shape} does not match {shape}; "
-          f"give an mtf shape with the same sizes in the same order.")
+          f"import_tf_tensor {self.name!r}: TF tensor {_tf_name(tf_tensor)}of shape {tf_tensor.shape} "
+          f"does not match {shape}; give an mtf shape with the same sizes in the same order.")
     self._outputs = [Tensor(self, shape, tf_tensor.dtype)]
     self._tf_tensor = tf_tensor
     self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
@@ -37,6 +37,11 @@ class ImportOperation(Operation):
     mesh_impl = lowering.mesh_impl(self)
     lowering.set_tensor_lowering(
         self.outputs[0], mesh_impl.import_tf_tensor(self.outputs[0], self._tf_tensor))
+
+
+def _tf_name(tf_tensor) -> str:
+  """"'x:0' " for a graph tensor; "" for an eager one (it has no name)."""
+  return "" if tf.executing_eagerly() else f"{tf_tensor.name!r} "
 
 
 def import_tf_tensor(mesh, tf_tensor, shape=None, name: Optional[str] = None) -> Tensor:

@@ -11,7 +11,8 @@ from typing import Optional
 
 import tensorflow.compat.v1 as tf
 
-from mesh_tensorflow._core.dims import Dimension, Shape, anonymous_shape, convert_to_shape
+from mesh_tensorflow._core.dims import (
+    Dimension, Shape, anonymous_shape, check_rename_target_is_free, convert_to_shape)
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._lowering import plan as plan_lib
@@ -65,7 +66,11 @@ def transpose(x: Tensor, new_shape, name: Optional[str] = "transpose") -> Tensor
 
 
 def rename_dimension(x: Tensor, old_name: str, new_name: str) -> Tensor:
-  """x with dimension `old_name` called `new_name` (its layout follows the new name)."""
+  """x with dimension `old_name` called `new_name` (its layout follows the new name).
+
+  `new_name` must not already be a dimension of x (that would give one name two sizes).
+  """
+  check_rename_target_is_free(x.shape, old_name, new_name, f"rename_dimension of {x.name!r}")
   return reshape(x, x.shape.rename_dimension(old_name, new_name))
 
 

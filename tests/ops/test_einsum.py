@@ -55,7 +55,8 @@ def einsum_cases(draw):
     reduced = draw(st.lists(st.sampled_from(union), unique=True))
     return inputs, {"reduced_dims": _shape(reduced).dims}, [n for n in union if n not in reduced]
   output = draw(st.lists(st.sampled_from(union + ["e"]), unique=True))
-  return inputs, {"output_shape": _shape(output)}, output
+  broadcast = ["e"] if "e" in output else []  # "e" is in no input: the broadcast is asked for
+  return inputs, {"output_shape": _shape(output), "broadcast_dims": _shape(broadcast)}, output
 
 
 @settings(max_examples=MAX_EXAMPLES, deadline=None)
@@ -86,7 +87,8 @@ def test_integer_einsum_uses_multiply_and_reduce(mode):
   def build(mesh):
     xs = mtf.import_tf_tensor(mesh, tf.constant(x), _shape_string("ab"))
     ws = mtf.import_tf_tensor(mesh, tf.constant(w), _shape_string("bc"))
-    return [mtf.einsum([xs, ws]), mtf.einsum([xs, ws], output_shape=_shape("cbe"))]
+    broadcast = mtf.einsum([xs, ws], output_shape=_shape("cbe"), broadcast_dims=_shape("e"))
+    return [mtf.einsum([xs, ws]), broadcast]
   y, z = lower_and_evaluate(build, "rows:2;cols:4", "b:rows;c:cols", mode)
   np.testing.assert_array_equal(y, x @ w)
   np.testing.assert_array_equal(z, np.broadcast_to((x[:, :, None] * w[None]).sum(0).T[..., None],
@@ -134,7 +136,8 @@ def test_default_output_shape_keeps_dims_that_appear_once():
 def test_einsum_op_names_and_splittability():
   mesh = mtf.Mesh(mtf.Graph(), "m")
   x, w = mtf.zeros(mesh, _shape("ab")), mtf.zeros(mesh, _shape("bc"))
-  y = mtf.matmul(x, w, output_shape=_shape("ace"))
+  with pytest.warns(mtf.BroadcastWarning, match=r"einsum 'einsum': output dimension\(s\) \['e'\]"):
+    y = mtf.matmul(x, w, output_shape=_shape("ace"))
   op = y.operation
   assert isinstance(op, mtf.EinsumOperation)
   assert (op.name, y.name) == ("einsum", "einsum:0")

@@ -339,8 +339,8 @@ def test_incremental_mode_reads_a_state_whatever_its_window_dim_is_named(window_
         else:  # pointwise kernel through mtf.layers.get_dense_kernel_weights, as in 0.1.21's test
           kernels = [mtf.import_tf_tensor(mesh, tf.constant(k), shape="d_model:4") for k in depthwise]
           with mock.patch.object(mtf.layers, "get_dense_kernel_weights") as get_kernel:
-            get_kernel.return_value = mtf.import_tf_tensor(mesh, tf.constant(pointwise),
-                                                           shape="d_model:4;d_model:2")
+            kernel_shape = [mtf.Dimension("d_model", 4), mtf.Dimension("d_model", 2)]
+            get_kernel.return_value = mtf.import_tf_tensor(mesh, tf.constant(pointwise), shape=kernel_shape)
             outputs.append(layer.call(context, xt, all_kernel_wts=kernels))
       outputs.append(context.new_states[0])
     return outputs

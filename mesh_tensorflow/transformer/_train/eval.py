@@ -18,8 +18,16 @@ def model_feature_lengths(model, sequence_length: dict) -> dict:
   """{feature: length} the eval/score graph is fed: targets (and inputs unless the model is a
   decoder-only language model, which builds its inputs from the targets)."""
   if model_fn.is_unitransformer(model) and model.autoregressive:
-    return {"targets": sequence_length["targets"]}
-  return {"inputs": sequence_length["inputs"], "targets": sequence_length["targets"]}
+    features = ("targets",)
+  else:
+    features = ("inputs", "targets")
+  missing = [f for f in features if f not in sequence_length]
+  if missing:
+    raise ValueError(
+        f"utils.run.sequence_length = {sequence_length!r} has no {' or '.join(map(repr, missing))} key, "
+        f"which this {type(model).__name__} needs to evaluate; give a length for each of {list(features)}, "
+        f"e.g. {dict.fromkeys(features, 512)!r}.")
+  return {f: sequence_length[f] for f in features}
 
 
 def _log_likelihoods(session, placeholders, outputs, batches) -> tuple:
