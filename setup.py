@@ -14,14 +14,15 @@ setup(
     packages=find_packages(include=["mesh_tensorflow", "mesh_tensorflow.*"]),
     package_data={"mesh_tensorflow.transformer": ["gin/*.gin", "gin/*/*.gin"]},
     python_requires=">=3.9",
-    install_requires=["numpy", "absl-py", "gin-config"],
+    install_requires=["numpy", "absl-py", "gin-config", "safetensors"],
     extras_require={
         "cpu": ["tensorflow-cpu>=2.16"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
-        # The tests also build the API reference (pdoc) and draw the explainer's and example's pictures.
-        "test": ["pytest", "pytest-xdist", "hypothesis", "mock", "scipy", "ruff", "pdoc>=14", "matplotlib"],
-        # The API reference (scripts/build_api_docs.sh).
-        "docs": ["pdoc>=14"],
+        # The tests also draw the explainer's and example's pictures.
+        "test": ["pytest", "pytest-xdist", "hypothesis", "mock", "scipy", "ruff", "matplotlib"],
+        # Tests of mesh_tensorflow.transformer.convert against Hugging Face's own T5 (they skip without).
+        # torch is pinned exactly: that CPU wheel is what CI installs; other specs pull a CUDA build.
+        "hf": ["torch==2.13.0", "transformers>=5.0,<6", "sentencepiece"],
         # The Transformer example's loss-curve picture (it runs without, saying so).
         "examples": ["matplotlib"],
         # mtf.explain's tiling and communication pictures (it explains in text without).

@@ -1,0 +1,79 @@
+"""Our checkpoints, one variable at a time: finding the one to read, reading, and writing one.
+
+Writing saves each variable into a checkpoint of its own (SaveV2) and merges them into one
+(MergeV2Checkpoints), so no more than one variable is in memory; the result is the checkpoint
+tf.train.Saver writes, with `global_step`, and the `checkpoint` file naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterable, Optional
+
+import numpy as np
+import tensorflow as tf2
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow._lowering import random_stream
+from mesh_tensorflow.transformer.convert.errors import ConversionError
+
+# Suffixes optimizers give their slot variables (Adafactor, Adam, momentum); the step and random counter.
+_OPTIMIZER_STATE = ("_slot_", "/adam_", "_momentum")
+BOOKKEEPING = ("global_step", random_stream.COUNTER_NAME)
+
+
+def checkpoint_path(model_dir: str, step: Optional[int] = None) -> str:
+  """The checkpoint of `model_dir` at `step` (default: the latest), or ConversionError naming the dir."""
+  if step is None:
+    path = tf.train.latest_checkpoint(model_dir)
+    if path is None:
+      raise ConversionError(f"{model_dir}: no checkpoint (no `checkpoint` file naming a model.ckpt-N); "
+                            f"give the model_dir a training run wrote, or --checkpoint_step.")
+    return path
+  path = os.path.join(model_dir, f"model.ckpt-{step}")
+  if not tf.io.gfile.exists(path + ".index"):
+    raise ConversionError(f"{path}: no checkpoint at step {step} in {model_dir}.")
+  return path
+
+
+def is_optimizer_state(name: str) -> bool:
+  return name in BOOKKEEPING or any(s in name for s in _OPTIMIZER_STATE)
+
+
+class Reader:
+  """Reads a checkpoint's variables one by one (as float32 or their stored dtype)."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self._reader = tf.train.load_checkpoint(path)
+    self.shapes = self._reader.get_variable_to_shape_map()
+    self.dtypes = {name: tf.as_dtype(d).name for name, d in self._reader.get_variable_to_dtype_map().items()}
+
+  def model_variables(self) -> list:
+    """The names that are model weights (no optimizer slot, step or random counter)."""
+    return sorted(name for name in self.shapes if not is_optimizer_state(name))
+
+  def dropped(self) -> list:
+    return sorted(name for name in self.shapes if is_optimizer_state(name))
+
+  def read(self, name: str) -> np.ndarray:
+    return self._reader.get_tensor(name)
+
+
+def write(prefix: str, names: Iterable[str], read: Callable[[str], np.ndarray], step: int = 0) -> None:
+  """Writes the checkpoint `prefix` (e.g. DIR/model.ckpt-0) of `names`, each value from read(name).
+
+  Each variable is saved alone, then the parts are merged; the `checkpoint` file of DIR names it.
+  """
+  parts = []
+  part_dir = prefix + ".parts"
+  for i, name in enumerate(list(names) + ["global_step"]):
+    value = np.array(step, np.int64) if name == "global_step" else read(name)
+    part = os.path.join(part_dir, f"part-{i:06d}")
+    tf2.raw_ops.SaveV2(prefix=part, tensor_names=[name], shape_and_slices=[""], tensors=[tf2.constant(value)])
+    parts.append(part)
+    del value
+  tf2.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=prefix, delete_old_dirs=True)
+  if tf.io.gfile.exists(part_dir):
+    tf.io.gfile.rmtree(part_dir)
+  tf.train.update_checkpoint_state(os.path.dirname(prefix), prefix)

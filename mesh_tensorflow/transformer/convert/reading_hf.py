@@ -1,0 +1,87 @@
+"""from_hf: a Hugging Face T5 directory -> our checkpoint and operative_config.gin."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import gin
+import numpy as np
+from absl import logging
+
+from mesh_tensorflow.transformer.convert import gin_model, gin_text, mtf_checkpoints, names, outputs
+from mesh_tensorflow.transformer.convert import safetensors_files, vocab
+from mesh_tensorflow.transformer.convert.errors import ConversionError
+from mesh_tensorflow.transformer.convert.spec import from_hf_config
+
+OPERATIVE_CONFIG = "operative_config.gin"
+# Tensors HF files may hold that are copies of others (tied embeddings) or that HF itself ignores.
+_IGNORED = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
+            "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight")
+
+
+def _is_our_model_file(name: str) -> bool:
+  return name == "checkpoint" or name.startswith("model.ckpt") or name == OPERATIVE_CONFIG
+
+
+def from_hf(hf_dir: str, model_dir: str, overwrite: bool = False) -> dict:
+  """Converts the T5 in hf_dir to a checkpoint `model_dir/model.ckpt-0` and its operative_config.gin.
+
+  utils.run then evaluates or decodes from model_dir, or fine-tunes it (as init_checkpoint). Checks
+  everything before writing. Returns a summary (the T5Spec, the weights, the files). Clears gin.
+  """
+  config_path = os.path.join(hf_dir, "config.json")
+  if not os.path.exists(config_path):
+    raise ConversionError(f"{config_path}: no config.json; give the directory of a Hugging Face T5 model.")
+  with open(config_path) as f:
+    spec = from_hf_config(json.load(f), config_path)
+  files = safetensors_files.weight_files(hf_dir)
+  if not files:
+    raise ConversionError(f"{hf_dir}: no model.safetensors (or its index); save the model with "
+                          f"save_pretrained(safe_serialization=True).")
+  outputs.check_writable(model_dir, _is_our_model_file, overwrite)
+  bindings = gin_text.model_bindings(spec)
+  try:
+    gin_model.parse_config([], bindings)
+    model = gin_model.build_model(spec.vocab_size)
+    expected = gin_model.variables(model)
+    weights = names.weights(model, expected)
+  finally:
+    gin.clear_config()
+  by_hf = {w.hf: w for w in weights}
+  if spec.tied_logits:
+    by_hf.pop("lm_head.weight", None)
+  _check_tensors(hf_dir, files, by_hf, spec)
+  os.makedirs(model_dir, exist_ok=True)
+  lines = bindings + vocab.gin_vocabulary(hf_dir, model_dir)
+  prefix = os.path.join(model_dir, "model.ckpt-0")
+  hf_name = {w.ours: w.hf for w in by_hf.values()}
+
+  def read(ours: str) -> np.ndarray:
+    weight = by_hf[hf_name[ours]]
+    value = safetensors_files.read(files[weight.hf], weight.hf)
+    return np.ascontiguousarray(value.T if weight.transpose else value).astype(np.float32)
+
+  mtf_checkpoints.write(prefix, sorted(hf_name), read)
+  with open(os.path.join(model_dir, OPERATIVE_CONFIG), "w") as f:
+    f.write(f"# Written by mesh_tensorflow.transformer.convert from_hf from {hf_dir}.\n")
+    f.write("import mesh_tensorflow.transformer.convert\n")
+    f.write("\n".join(lines) + "\n")
+  logging.info("from_hf: wrote %d variables to %s", len(hf_name), prefix)
+  return {"spec": spec, "checkpoint": prefix, "weights": len(hf_name)}
+
+
+def _check_tensors(hf_dir: str, files: dict, by_hf: dict, spec) -> None:
+  missing = sorted(set(by_hf) - set(files))
+  if missing:
+    raise ConversionError(f"{hf_dir}: the weights lack {missing[0]!r} (and {len(missing) - 1} more) that its "
+                          f"config.json's T5 has.")
+  extra = sorted(set(files) - set(by_hf) - set(_IGNORED) - {"lm_head.weight"})
+  if extra:
+    raise ConversionError(f"{hf_dir}: tensor {extra[0]!r} (and {len(extra) - 1} more) has no place in the "
+                          f"T5 its "
+                          f"config.json describes.")
+  if not spec.tied_logits and "lm_head.weight" not in files:
+    raise ConversionError(f"{hf_dir}: config.json unties the logits (tie_word_embeddings false) but the "
+                          f"weights "
+                          f"have no 'lm_head.weight'.")
