@@ -10,4 +10,6 @@ from mesh_tensorflow.transformer.convert.errors import ConversionError as Conver
 from mesh_tensorflow.transformer.convert.reading_hf import from_hf as from_hf
 from mesh_tensorflow.transformer.convert.spec import T5Spec as T5Spec
 from mesh_tensorflow.transformer.convert.vocab import byte_vocabulary as byte_vocabulary
+from mesh_tensorflow.transformer.convert.vocab import sentencepiece_vocabulary as sentencepiece_vocabulary
+from mesh_tensorflow.transformer.convert.vocab import SentencePieceVocabulary as SentencePieceVocabulary
 from mesh_tensorflow.transformer.convert.writing_hf import to_hf as to_hf

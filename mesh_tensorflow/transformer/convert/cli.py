@@ -40,7 +40,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       overwrite=args.overwrite)
       print(f"wrote {summary['weights']} weights of {summary['checkpoint']} to {args.output_dir} "
             f"({', '.join(summary['files'])}); dropped {len(summary['dropped'])} optimizer slot and "
-            f"bookkeeping variables")
+            "bookkeeping variables")
     else:
       summary = from_hf(args.hf_dir, args.model_dir, overwrite=args.overwrite)
       print(f"wrote {summary['weights']} variables of {args.hf_dir} to {summary['checkpoint']} and "

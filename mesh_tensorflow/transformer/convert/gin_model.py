@@ -79,8 +79,7 @@ def build_model(vocab_size: int) -> transformer.Bitransformer:
     raise ConversionError(f"the gin configuration does not build the model: {first_line}") from None
   if type(model) is not transformer.Bitransformer:
     raise ConversionError(f"make_bitransformer.bitransformer_cls = {type(model).__name__}: only "
-                          f"Bitransformer "
-                          f"converts.")
+                          "Bitransformer converts.")
   return model
 
 
@@ -117,8 +116,7 @@ def _check_feed_forward(layer, scope: str) -> None:
   activation = layer.activation if isinstance(layer.activation, str) else tuple(layer.activation)
   if activation not in ACTIVATIONS:
     raise ConversionError(f"{_layer_option(layer, scope, 'activation')} = {layer.activation!r}: Hugging "
-                          f"Face's "
-                          f"T5 feed_forward_proj expresses only {sorted(map(str, ACTIVATIONS))}.")
+                          f"Face's T5 feed_forward_proj expresses only {sorted(map(str, ACTIVATIONS))}.")
   if layer.use_bias:
     raise ConversionError(f"{_layer_option(layer, scope, 'use_bias')} = True: Hugging Face's T5 dense layers "
                           f"have no biases.")
@@ -128,8 +126,7 @@ def _uniform(values: list, option: str):
   """The one value all layers give `option`; Hugging Face's config has one for the whole model."""
   if len(set(map(repr, values))) != 1:
     raise ConversionError(f"{option} differs between layers ({sorted(set(map(repr, values)))}): Hugging "
-                          f"Face's "
-                          f"T5 config has one value for every layer.")
+                          "Face's T5 config has one value for every layer.")
   return values[0]
 
 
@@ -138,8 +135,7 @@ def _check_stack(unitransformer, scope: str, block: tuple) -> list:
   stack = unitransformer.layer_stack
   if type(stack) is not LayerStack:
     raise ConversionError(f"{scope}/make_layer_stack.layer_stack_cls = {type(stack).__name__}: only "
-                          f"LayerStack "
-                          f"converts (Hugging Face's T5 blocks are plain residual stacks).")
+                          "LayerStack converts (Hugging Face's T5 blocks are plain residual stacks).")
   layers = stack.layers
   names = "[" + ", ".join(c.__name__ for c in block) + "]"
   for i, layer in enumerate(layers):
@@ -154,8 +150,7 @@ def _check_stack(unitransformer, scope: str, block: tuple) -> list:
                                    ("sublayers_final", stack._sublayers_final, _FINAL)):
     if sublayers not in forms:
       raise ConversionError(f"{scope}/LayerStack.{option} = {[s.__name__ for s in sublayers]}: Hugging "
-                            f"Face's T5 "
-                            f"is the pre-norm residual block {[s.__name__ for s in forms[0]]}.")
+                            f"Face's T5 is the pre-norm residual block {[s.__name__ for s in forms[0]]}.")
   for i, layer in enumerate(layers):
     kind = block[i % len(block)]
     if kind is tl.DenseReluDense:
@@ -168,12 +163,10 @@ def _check_stack(unitransformer, scope: str, block: tuple) -> list:
 def _check_unitransformer(unitransformer, scope: str) -> None:
   if unitransformer.positional_embedding:
     raise ConversionError(f"{scope}/Unitransformer.positional_embedding = True: Hugging Face's T5 has no "
-                          f"absolute "
-                          f"position embedding (set it False; T5 uses relative attention).")
+                          "absolute position embedding (set it False; T5 uses relative attention).")
   if unitransformer.ensemble_dim is not None:
     raise ConversionError(f"{scope}/Unitransformer.ensemble = {unitransformer.ensemble_dim.size}: an "
-                          f"ensemble "
-                          f"has no Hugging Face T5 form.")
+                          "ensemble has no Hugging Face T5 form.")
   if unitransformer.input_full_attention:
     raise ConversionError(f"{scope}/Unitransformer.input_full_attention = True has no Hugging Face T5 form.")
 
@@ -200,9 +193,8 @@ def spec(model: transformer.Bitransformer, vocab_size: int) -> T5Spec:
   _check_unitransformer(decoder, "decoder")
   if encoder.model_dim != decoder.model_dim:
     raise ConversionError(f"d_model differs: encoder {encoder.model_dim.size}, decoder "
-                          f"{decoder.model_dim.size} "
-                          f"(encoder/ and decoder/Unitransformer.d_model); Hugging Face's T5 has one "
-                          f"d_model.")
+                          f"{decoder.model_dim.size} (encoder/ and decoder/Unitransformer.d_model); Hugging "
+                          "Face's T5 has one d_model.")
   encoder_layers = _check_stack(encoder, "encoder", ENCODER_BLOCK)
   decoder_layers = _check_stack(decoder, "decoder", DECODER_BLOCK)
   layers = encoder_layers + decoder_layers

@@ -14,6 +14,8 @@ def model_bindings(spec: T5Spec) -> list:
       "Bitransformer.shared_embedding = True",
       f"Unitransformer.d_model = {spec.d_model}",
       "Unitransformer.positional_embedding = False",
+      # T5 has no position table; this only bounds the sequence length (T5's own configs say 512).
+      "Unitransformer.max_length = 512",
       # Any vocabulary up to vocab_size pads to exactly the checkpoint's vocab_size rows.
       f"Unitransformer.vocab_divisor = {spec.vocab_size}",
       f"decoder/Unitransformer.shared_embedding_and_softmax_weights = {spec.tied_logits}",
@@ -33,4 +35,6 @@ def model_bindings(spec: T5Spec) -> list:
       f"DenseReluDense.hidden_size = {spec.d_ff}",
       f"DenseReluDense.activation = {activation!r}",
       f"sublayer_rms_norm.epsilon = {spec.layer_norm_epsilon!r}",
+      # The checkpoint holds float32 weights (HF's); a bfloat16 master would not restore them.
+      "utils.get_variable_dtype.master_dtype = 'float32'",
   ]

@@ -48,40 +48,36 @@ def from_hf(hf_dir: str, model_dir: str, overwrite: bool = False) -> dict:
     weights = names.weights(model, expected)
   finally:
     gin.clear_config()
-  by_hf = {w.hf: w for w in weights}
-  if spec.tied_logits:
-    by_hf.pop("lm_head.weight", None)
-  _check_tensors(hf_dir, files, by_hf, spec)
+  sources = {w.ours: w for w in weights}  # each variable's HF tensor
+  if "decoder/logits/kernel" in sources and "lm_head.weight" not in files:
+    # transformers >= 5 ties lm_head to the embedding and saves the table once; the logits use it.
+    sources["decoder/logits/kernel"] = names.Weight("decoder/logits/kernel", "shared.weight", True)
+  _check_tensors(hf_dir, files, {w.hf for w in sources.values()})
   os.makedirs(model_dir, exist_ok=True)
   lines = bindings + vocab.gin_vocabulary(hf_dir, model_dir)
   prefix = os.path.join(model_dir, "model.ckpt-0")
-  hf_name = {w.ours: w.hf for w in by_hf.values()}
 
   def read(ours: str) -> np.ndarray:
-    weight = by_hf[hf_name[ours]]
+    weight = sources[ours]
     value = safetensors_files.read(files[weight.hf], weight.hf)
     return np.ascontiguousarray(value.T if weight.transpose else value).astype(np.float32)
 
-  mtf_checkpoints.write(prefix, sorted(hf_name), read)
+  mtf_checkpoints.write(prefix, sorted(sources), read)
   with open(os.path.join(model_dir, OPERATIVE_CONFIG), "w") as f:
     f.write(f"# Written by mesh_tensorflow.transformer.convert from_hf from {hf_dir}.\n")
     f.write("import mesh_tensorflow.transformer.convert\n")
     f.write("\n".join(lines) + "\n")
-  logging.info("from_hf: wrote %d variables to %s", len(hf_name), prefix)
-  return {"spec": spec, "checkpoint": prefix, "weights": len(hf_name)}
+  logging.info("from_hf: wrote %d variables to %s", len(sources), prefix)
+  return {"spec": spec, "checkpoint": prefix, "weights": len(sources)}
 
 
-def _check_tensors(hf_dir: str, files: dict, by_hf: dict, spec) -> None:
-  missing = sorted(set(by_hf) - set(files))
+def _check_tensors(hf_dir: str, files: dict, needed: set) -> None:
+  """Refuses weights that lack a tensor the config's T5 has, or hold one it has no place for."""
+  missing = sorted(needed - set(files))
   if missing:
-    raise ConversionError(f"{hf_dir}: the weights lack {missing[0]!r} (and {len(missing) - 1} more) that its "
-                          f"config.json's T5 has.")
-  extra = sorted(set(files) - set(by_hf) - set(_IGNORED) - {"lm_head.weight"})
+    raise ConversionError(f"{hf_dir}: the weights lack {missing[0]!r} (and {len(missing) - 1} more) that "
+                          f"its config.json's T5 has.")
+  extra = sorted(set(files) - needed - set(_IGNORED) - {"lm_head.weight"})
   if extra:
-    raise ConversionError(f"{hf_dir}: tensor {extra[0]!r} (and {len(extra) - 1} more) has no place in the "
-                          f"T5 its "
-                          f"config.json describes.")
-  if not spec.tied_logits and "lm_head.weight" not in files:
-    raise ConversionError(f"{hf_dir}: config.json unties the logits (tie_word_embeddings false) but the "
-                          f"weights "
-                          f"have no 'lm_head.weight'.")
+    raise ConversionError(f"{hf_dir}: tensor {extra[0]!r} (and {len(extra) - 1} more) has no place in "
+                          f"the T5 its config.json describes.")

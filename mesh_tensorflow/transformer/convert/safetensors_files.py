@@ -33,11 +33,12 @@ class ShardedWriter:
   def add(self, name: str, array: np.ndarray) -> None:
     """Stages `array` under `name` (in C order, as its dtype); the caller may drop it afterwards."""
     self.peak_bytes = max(self.peak_bytes, array.nbytes)
-    path = os.path.join(self._staging, f"{len(self._staged):06d}.npy")
-    staged = np.lib.format.open_memmap(path, mode="w+", dtype=array.dtype, shape=array.shape)
+    path = os.path.join(self._staging, f"{len(self._staged):06d}.bin")
+    # Raw bytes, not .npy: the .npy format cannot say bfloat16 (it reads back as void16).
+    staged = np.memmap(path, mode="w+", dtype=array.dtype, shape=array.shape)
     staged[...] = array
     staged.flush()
-    self._staged[name] = np.load(path, mmap_mode="r")
+    self._staged[name] = np.memmap(path, mode="r", dtype=array.dtype, shape=array.shape)
 
   def _shards(self) -> list:
     shards, current, size = [], [], 0

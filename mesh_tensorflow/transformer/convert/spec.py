@@ -67,8 +67,8 @@ def from_hf_config(config: dict, path: str) -> T5Spec:
                           f"activation; supported: {sorted(FEED_FORWARD_PROJ)}.")
   if config.get("relative_attention_max_distance", 128) != 128:
     raise ConversionError(f"{path}: relative_attention_max_distance "
-                          f"{config['relative_attention_max_distance']} is not 128, the only distance "
-                          f"Mesh TensorFlow's relative attention buckets use.")
+                          f"{config['relative_attention_max_distance']} is not 128, the only distance Mesh "
+                          "TensorFlow's relative attention buckets use.")
   num_layers = config.get("num_layers", 6)
   decoder_layers: Optional[int] = config.get("num_decoder_layers")
   # transformers >= 5 writes scale_decoder_outputs; older ones only tie_word_embeddings.

@@ -1,4 +1,4 @@
-"""Vocabularies travel with the weights: ByteVocabulary <-> ByT5Tokenizer, SentencePiece <-> T5Tokenizer.
+"""Vocabularies travel with the weights: bytes <-> ByT5Tokenizer, SentencePiece <-> T5Tokenizer.
 
 Our side names its vocabulary in gin (`utils.run.vocabulary`); Hugging Face's in the files
 `tokenizer_config.json` (and `spiece.model` for SentencePiece) beside the weights.
@@ -28,6 +28,39 @@ def byte_vocabulary(extra_ids: int = 0) -> vocabulary.ByteVocabulary:
   return vocabulary.ByteVocabulary(extra_ids=extra_ids)
 
 
+class SentencePieceVocabulary(vocabulary.Vocabulary):
+  """A SentencePiece model file as a vocabulary (ids as T5's own SentencePieceVocabulary gives them).
+
+  from_hf names it for a Hugging Face T5Tokenizer's spiece.model, so utils.run needs neither T5 nor
+  a TF-text op; encoding runs in Python (the `sentencepiece` package, installed with the hf extra).
+  """
+
+  def __init__(self, sentencepiece_model_file: str, extra_ids: int = 0):
+    super().__init__(extra_ids)
+    spm = vocabulary.import_optional("sentencepiece", "sentencepiece", "SentencePieceVocabulary")
+    with tf.io.gfile.GFile(sentencepiece_model_file, "rb") as f:
+      self._processor = spm.SentencePieceProcessor(model_proto=f.read())
+    self.sentencepiece_model_file = sentencepiece_model_file
+
+  @property
+  def vocab_size(self) -> int:
+    return self._processor.GetPieceSize() + self.extra_ids
+
+  def encode(self, s: str) -> list:
+    return self._processor.EncodeAsIds(s)
+
+  def decode(self, ids) -> str:
+    pieces = self._processor.GetPieceSize()
+    return self._processor.DecodeIds([i for i in vocabulary.strip_special_ids(ids) if i < pieces])
+
+
+@gin.configurable(module=GIN_MODULE)
+def sentencepiece_vocabulary(sentencepiece_model_file: str = gin.REQUIRED,
+                             extra_ids: int = 0) -> SentencePieceVocabulary:
+  """SentencePieceVocabulary for gin (`utils.run.vocabulary = @convert.sentencepiece_vocabulary()`)."""
+  return SentencePieceVocabulary(sentencepiece_model_file, extra_ids)
+
+
 def _reference_name() -> Optional[str]:
   try:
     reference = gin.query_parameter("utils.run.vocabulary")
@@ -48,7 +81,8 @@ def write_hf_tokenizer(gin_texts: Sequence[str], output_dir: str) -> Optional[st
   """Writes the HF tokenizer files of the configured vocabulary; returns what it wrote, or None.
 
   ByteVocabulary (ours, or the example's `data.byte_vocabulary`) -> ByT5Tokenizer; a
-  `SentencePieceVocabulary.sentencepiece_model_file` binding (T5's configs) -> spiece.model + T5Tokenizer.
+  `...sentencepiece_model_file` binding (T5's SentencePieceVocabulary, or ours) -> spiece.model +
+  T5Tokenizer.
   """
   name = _reference_name() or ""
   extra_ids = _binding(gin_texts, r"(?m)^\S*Vocabulary\.extra_ids\s*=\s*(\d+)")
@@ -71,7 +105,8 @@ def write_hf_tokenizer(gin_texts: Sequence[str], output_dir: str) -> Optional[st
 def gin_vocabulary(hf_dir: str, model_dir: str) -> list:
   """The gin lines of the vocabulary of the HF tokenizer in hf_dir ([] where it has none).
 
-  A SentencePiece model is copied into model_dir and named by T5's SentencePieceVocabulary binding.
+  A SentencePiece model is copied into model_dir and named by a convert.sentencepiece_vocabulary
+  binding (a `sentencepiece_model_file` binding, as T5's configs have, so to_hf finds it again).
   """
   path = os.path.join(hf_dir, TOKENIZER_CONFIG)
   config = {}
@@ -85,6 +120,7 @@ def gin_vocabulary(hf_dir: str, model_dir: str) -> list:
   if os.path.exists(os.path.join(hf_dir, SPIECE)):
     target = os.path.join(model_dir, SPIECE)
     shutil.copyfile(os.path.join(hf_dir, SPIECE), target)
-    return [f"SentencePieceVocabulary.sentencepiece_model_file = {target!r}",
-            f"SentencePieceVocabulary.extra_ids = {extra_ids}"]
+    return ["utils.run.vocabulary = @convert.sentencepiece_vocabulary()",
+            f"convert.sentencepiece_vocabulary.sentencepiece_model_file = {target!r}",
+            f"convert.sentencepiece_vocabulary.extra_ids = {extra_ids}"]
   return []

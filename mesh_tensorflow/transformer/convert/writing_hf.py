@@ -84,8 +84,7 @@ def _plan(reader: mtf_checkpoints.Reader, path: str) -> tuple:
   for name, shape in expected.items():
     if list(reader.shapes[name]) != shape:
       raise ConversionError(f"{path}: variable {name!r} has shape {reader.shapes[name]}, the configured "
-                            f"model "
-                            f"{shape}; pass the gin configuration that trained it.")
+                            f"model {shape}; pass the gin configuration that trained it.")
   return spec, names.weights(model, expected)
 
 
