@@ -22,7 +22,6 @@ from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import custom_gradient as custom_gradient_ops
 from mesh_tensorflow._ops import einsum as einsum_ops
-from mesh_tensorflow._ops import indexing as indexing_ops
 from mesh_tensorflow._ops import io as io_ops
 from mesh_tensorflow._ops import reshape as reshape_ops
 from mesh_tensorflow._ops import shift as shift_ops
@@ -196,7 +195,8 @@ class _Ticks:
       return w
     out_shape = Shape([self._stage_dim] + shape.dims)
     if len(set(slots)) == 1:
-      return indexing_ops.gather(w, slots[0], self._slot_dim, output_shape=out_shape)
+      # a slice, as mtf.gather's gradient reads the forward op's index, unusable under recompute
+      return reshape_ops.reshape(slicing_ops.mtf_slice(w, slots[0], 1, self._slot_dim.name), out_shape)
     choice = np.eye(self._slot_dim.size)[slots]  # [stage, slot]: each stage's slot this tick
     selector = io_ops.constant(self._mesh, choice, Shape([self._stage_dim, self._slot_dim]), w.dtype)
     return einsum_ops.einsum([w, selector], output_shape=out_shape)

@@ -94,3 +94,172 @@ def test_pipelined_mlp_loss_and_gradients_equal_the_layer_by_layer_model(
   got = _pipelined(sched, schedule, initial, mesh_shape, layout)
   for g, e in zip(got, _layer_by_layer(sched, initial)):
     assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_recomputed_ticks_give_the_same_loss_and_gradients():
+  sched = pipeline_schedule(8, 4, 2, "circular")
+  initial = _stacked_weights(sched)
+  got = _pipelined(sched, "circular", initial, "stage:4;batch:2", "stages:stage;batch:batch",
+                   recompute=True)
+  for g, e in zip(got, _layer_by_layer(sched, initial)):
+    assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+def _build_graph(num_layers, stages, microbatches, schedule="fill_drain", layers_per_round=1,
+                 recompute=False, batch=BATCH, layer_fn=None, **kwargs):
+  """(graph, output, number of layer_fn calls) of a pipelined MLP built without lowering."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  x = mtf.zeros(mesh, f"batch:{batch};d_model:{D_MODEL}")
+  calls = []
+  sched = pipeline_schedule(num_layers, stages, microbatches, schedule, layers_per_round)
+  initial = _stacked_weights(sched)
+
+  def layer(h, get):
+    calls.append(h)
+    return (layer_fn or _mlp_layer)(h, get, initial)
+  y = pipeline(layer, x, num_layers, mtf.Dimension("stages", stages), mtf.Dimension("batch", batch),
+               microbatches, schedule=schedule, layers_per_round=layers_per_round,
+               recompute=recompute, **kwargs)
+  return graph, y, len(calls)
+
+
+def _count(graph, op_class) -> int:
+  return sum(isinstance(op, op_class) for op in graph.operations)
+
+
+@pytest.mark.parametrize("num_layers, stages, microbatches, schedule, layers_per_round, ticks", [
+    (4, 4, 1, "fill_drain", 1, 4),     # S + M - 1
+    (4, 2, 8, "fill_drain", 1, 9),
+    (8, 4, 4, "fill_drain", 1, 7),     # two layers per stage per tick
+    (8, 4, 4, "circular", 1, 11),      # (R - 1) * max(M, S) + M + S - 1, R = 2
+    (8, 4, 2, "circular", 1, 9),       # M < S: a microbatch comes back just as stage 0 is free
+    (4, 2, 8, "circular", 1, 17),      # M > S: it waits M - S ticks for stage 0
+    (16, 4, 4, "circular", 2, 11),     # two layers per stage per round
+])
+def test_the_graph_runs_the_schedules_ticks_each_shifting_once(
+    num_layers, stages, microbatches, schedule, layers_per_round, ticks):
+  sched = pipeline_schedule(num_layers, stages, microbatches, schedule, layers_per_round)
+  assert sched.num_ticks == ticks
+  graph, y, calls = _build_graph(num_layers, stages, microbatches, schedule, layers_per_round)
+  assert y.shape == mtf.Shape([mtf.Dimension("batch", BATCH), mtf.Dimension("d_model", D_MODEL)])
+  assert _count(graph, mtf.ShiftOperation) == ticks - 1
+  assert calls == ticks * sched.layers_per_tick
+  assert sched.num_rounds * sched.num_microbatches * sched.num_stages == sum(
+      sched.work(t, s) is not None for t in range(ticks) for s in range(stages))
+
+
+def test_recompute_wraps_each_tick_in_a_recomputed_gradient():
+  graph, _, _ = _build_graph(4, 2, 4, recompute=True)
+  assert _count(graph, mtf.CustomGradientOperation) == pipeline_schedule(4, 2, 4).num_ticks
+
+
+@pytest.mark.parametrize("num_layers, stages, microbatches, schedule, layers_per_round, bubble", [
+    (4, 4, 4, "fill_drain", 1, 3 / 7),   # (S - 1) / (M + S - 1)
+    (4, 2, 8, "fill_drain", 1, 1 / 9),
+    (8, 4, 4, "circular", 1, 3 / 11),    # (S - 1) / (R * M + S - 1) when M >= S
+    (8, 4, 2, "circular", 1, 5 / 9),     # M < S: stages idle while microbatches go round
+])
+def test_bubble_fraction_follows_the_documented_formula(num_layers, stages, microbatches, schedule,
+                                                        layers_per_round, bubble):
+  sched = pipeline_schedule(num_layers, stages, microbatches, schedule, layers_per_round)
+  assert sched.bubble_fraction == pytest.approx(bubble)
+
+
+def test_layers_sit_on_stages_in_blocks_for_fill_drain_and_round_robin_for_circular():
+  fill = pipeline_schedule(8, 4, 2)
+  assert [fill.layer_position(layer) for layer in range(8)] == [
+      (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]
+  circular = pipeline_schedule(8, 4, 2, "circular")
+  assert [circular.layer_position(layer) for layer in range(8)] == [
+      (0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1)]
+
+
+def test_schedule_picture_shows_microbatches_per_stage_and_tick():
+  assert pipeline_schedule(2, 2, 3).picture() == "stage 0: 0 1 2 .\nstage 1: . 0 1 2"
+  assert pipeline_schedule(4, 2, 1, "circular").picture() == (
+      "stage 0: 0a  . 0b  .\nstage 1:  . 0a  . 0b")
+
+
+def test_variables_carry_the_stage_dimension_and_a_layer_dimension_when_a_stage_holds_several():
+  graph, _, _ = _build_graph(8, 4, 2, "circular")
+  shapes = sorted(str(v.shape) for v in graph.trainable_variables)
+  assert shapes == ["Shape[stages=4, stages_layers=2, d_ff=8, d_model=4]",
+                    "Shape[stages=4, stages_layers=2, d_model=4, d_ff=8]"]
+  graph, _, _ = _build_graph(4, 4, 2)
+  assert [v.shape.dims[0] for v in graph.trainable_variables] == [mtf.Dimension("stages", 4)] * 2
+  assert all(len(v.shape) == 3 for v in graph.trainable_variables)
+
+
+def test_dry_run_sees_each_stage_hold_its_share_of_the_variables():
+  graph, y, _ = _build_graph(8, 4, 4, "circular")
+  result = mtf.dry_run(graph, "stage:4;batch:2", "stages:stage;batch:batch")
+  total = sum(v.outputs[0].size for v in graph.trainable_variables) * 4  # float32 bytes
+  assert result.variable_bytes == total // 4
+  assert result.bytes_sent > 0  # the shifts between stages
+
+
+def test_collective_backend_gives_the_layer_by_layer_model():
+  sched = pipeline_schedule(4, 2, 4, "circular")
+  initial = _stacked_weights(sched)
+  x_value, target = _inputs()
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(x_value), shape=f"batch:{BATCH};d_model:{D_MODEL}")
+    y = pipeline(lambda h, get: _mlp_layer(h, get, initial), x, 4, mtf.Dimension("stages", 2),
+                 mtf.Dimension("batch", BATCH), 4, schedule="circular")
+    return [y]
+  got, = lower_and_evaluate(build, "stage:2;batch:2", "stages:stage;batch:batch", backend="collective")
+  assert_allclose(got, _layer_by_layer(sched, initial)[0])
+
+
+# ---- bad input: each a build-time error naming the dimension and the fix ----
+
+def test_stages_that_do_not_divide_the_layers_are_refused():
+  with pytest.raises(ValueError, match=r"4 stages do not divide the 6 layers.*one of \[1, 2, 3, 6\]"):
+    _build_graph(6, 4, 2)
+  with pytest.raises(ValueError, match=r"2 stages x 2 layers_per_round = 4 do not divide the 6 layers"):
+    pipeline_schedule(6, 2, 2, "circular", layers_per_round=2)
+
+
+def test_microbatches_that_do_not_divide_the_batch_are_refused():
+  with pytest.raises(ValueError, match=r"num_microbatches=3 does not divide the batch dimension 'batch' "
+                                       r"of size 16.*among \[1, 2, 4, 8, 16\]"):
+    _build_graph(4, 2, 3)
+
+
+def test_stages_on_the_batchs_mesh_dimension_are_refused_at_build_time():
+  with pytest.raises(mtf.LayoutError, match=r"stage dimension 'stages' and the batch dimension 'batch' "
+                                            r"on the same mesh dimension 'x'.*a mesh dimension of "
+                                            r"their own") as e:
+    _build_graph(4, 2, 2, mesh_shape="x:2;y:2", layout="stages:x;batch:x")
+  assert (e.value.dimension, e.value.mesh_dimension) == ("stages", "x")
+
+
+def test_stages_on_the_batchs_mesh_dimension_are_refused_by_the_lowerings_layout_check():
+  graph, _, _ = _build_graph(4, 2, 2)
+  with pytest.raises(mtf.LayoutError, match=r"'stages' and 'batch'.*same mesh dimension 'x'"):
+    mtf.dry_run(graph, "x:2", "stages:x;batch:x")
+
+
+def test_a_microbatch_its_mesh_dimension_does_not_divide_is_refused_at_build_time():
+  with pytest.raises(mtf.LayoutError, match=r"a microbatch holds 2 of the batch dimension 'batch' "
+                                            r"\(16 / 8 microbatches\).*'b' of size 4.*at most 4"):
+    _build_graph(4, 2, 8, mesh_shape="s:2;b:4", layout="stages:s;batch:b")
+
+
+def test_a_stage_dimension_the_input_already_has_is_refused():
+  with pytest.raises(ValueError, match=r"already has a dimension 'd_model'.*give it a new name"):
+    graph = mtf.Graph()
+    x = mtf.zeros(mtf.Mesh(graph, "m"), "batch:4;d_model:4")
+    pipeline(lambda h, get: h, x, 4, mtf.Dimension("d_model", 2), x.shape.dims[0], 2)
+
+
+def test_a_layer_changing_the_activation_shape_is_refused():
+  with pytest.raises(ValueError, match=r"layer_fn must return a Tensor of its input's shape"):
+    _build_graph(4, 2, 2, layer_fn=lambda h, get, initial: mtf.reduce_sum(h, reduced_dim=h.shape.dims[-1]))
+
+
+def test_fill_drain_refuses_layers_per_round():
+  with pytest.raises(ValueError, match=r"layers_per_round=2 applies to the circular schedule"):
+    pipeline_schedule(8, 2, 2, layers_per_round=2)
