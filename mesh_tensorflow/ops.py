@@ -48,6 +48,7 @@ from mesh_tensorflow._ops.gather import *
 from mesh_tensorflow._ops.halo import *
 from mesh_tensorflow._ops.indexing import *
 from mesh_tensorflow._ops.io import *
+from mesh_tensorflow._ops.pipeline import *
 from mesh_tensorflow._ops.pool import *
 from mesh_tensorflow._ops.random import *
 from mesh_tensorflow._ops.reduce import *

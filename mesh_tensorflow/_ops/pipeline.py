@@ -78,11 +78,12 @@ def pipeline(layer_fn: Callable, x: Tensor, num_layers: int, stage_dim, batch_di
       a microbatch that the batch's mesh dimension does not divide.
 
   Example:
-    def layer(h, get_variable):
-      w = get_variable("w", [d_model, d_model], initializer=tf.random_normal_initializer(0.1))
-      return mtf.relu(mtf.einsum([h, w], output_shape=h.shape))  # w has d_model twice: ok
+    def layer(h, get_variable):  # h: [stages, batch, d_model]
+      w1 = get_variable("w1", [d_model, d_ff], initializer=tf.random_normal_initializer(0, 0.1))
+      w2 = get_variable("w2", [d_ff, d_model], initializer=tf.random_normal_initializer(0, 0.1))
+      return h + mtf.einsum([mtf.relu(mtf.einsum([h, w1], reduced_dims=[d_model])), w2], h.shape)
     y = mtf.pipeline(layer, x, 8, mtf.Dimension("stages", 4), batch_dim, num_microbatches=4)
-    # lowered with mesh "stage:4;batch:2" and layout "stages:stage;batch:batch"
+    # lowered on mesh "stage:4;batch:2" with layout "stages:stage;batch:batch"
   """
   stage_dim = convert_to_dimension(stage_dim)
   batch_dim = convert_to_dimension(batch_dim)

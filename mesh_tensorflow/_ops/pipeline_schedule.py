@@ -19,8 +19,13 @@ class PipelineSchedule:
   """S stages, M microbatches, R rounds of K layers per stage; L = S * R * K layers in all.
 
   Layer l = (r * S + s) * K + k lives on stage s, in slot j = r * K + k of that stage's weights:
-  fill-drain (R = 1) gives stage s the K consecutive layers s*K .. s*K + K - 1; circular gives it
-  layers s*K .. s*K + K - 1 of each round, and a microbatch goes round the stages R times.
+  fill-drain (R = 1) gives stage s the K = L / S consecutive layers s*K .. s*K + K - 1; circular
+  gives it K consecutive layers of each round r, (r*S + s)*K .. (r*S + s)*K + K - 1, and a
+  microbatch goes round the stages R times. With L = 8, S = 4:
+
+      | schedule            | stage 0 | stage 1 | stage 2 | stage 3 |
+      | fill_drain (K = 2)  | 0, 1    | 2, 3    | 4, 5    | 6, 7    |
+      | circular (K=1, R=2) | 0, 4    | 1, 5    | 2, 6    | 3, 7    |
 
   A tick runs K layers on every stage. Microbatch m starts round r on stage 0 at tick r * P + m,
   P = max(M, S) (a microbatch back from the last stage waits until stage 0 is free), and is on
@@ -40,6 +45,7 @@ class PipelineSchedule:
 
   @property
   def num_layers(self) -> int:
+    """L, the layers in the stack."""
     return self.num_stages * self.num_rounds * self.layers_per_tick
 
   @property
@@ -54,10 +60,12 @@ class PipelineSchedule:
 
   @property
   def num_ticks(self) -> int:
+    """The ticks the schedule runs (see the class docstring)."""
     return (self.num_rounds - 1) * self.period + self.num_microbatches + self.num_stages - 1
 
   @property
   def bubble_fraction(self) -> float:
+    """The share of stage-ticks that idle (see the class docstring)."""
     return 1.0 - self.num_rounds * self.num_microbatches / self.num_ticks
 
   def layer_position(self, layer: int) -> tuple:

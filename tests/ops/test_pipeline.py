@@ -10,7 +10,6 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow._ops.pipeline import pipeline, pipeline_schedule
 from tests.harness import assert_allclose, lower_and_evaluate
 
 BATCH, D_MODEL, D_FF = 16, 4, 8
@@ -48,7 +47,7 @@ def _pipelined(sched, schedule, initial, mesh_shape, layout, recompute=False):
   def build(mesh):
     batch = mtf.Dimension("batch", BATCH)
     x = mtf.import_tf_tensor(mesh, tf.constant(x_value), shape=f"batch:{BATCH};d_model:{D_MODEL}")
-    y = pipeline(lambda h, get: _mlp_layer(h, get, initial), x, sched.num_layers,
+    y = mtf.pipeline(lambda h, get: _mlp_layer(h, get, initial), x, sched.num_layers,
                  mtf.Dimension("stages", sched.num_stages), batch, sched.num_microbatches,
                  schedule=schedule, layers_per_round=layers_per_round, recompute=recompute)
     loss = mtf.reduce_sum(y * mtf.import_tf_tensor(mesh, tf.constant(target), shape=y.shape))
@@ -89,7 +88,7 @@ MESHES = [
 def test_pipelined_mlp_loss_and_gradients_equal_the_layer_by_layer_model(
     mesh_shape, layout, stages, fill_drain_layers, circular_layers, schedule, microbatches):
   layers = fill_drain_layers if schedule == "fill_drain" else circular_layers
-  sched = pipeline_schedule(layers, stages, microbatches, schedule)
+  sched = mtf.pipeline_schedule(layers, stages, microbatches, schedule)
   initial = _stacked_weights(sched)
   got = _pipelined(sched, schedule, initial, mesh_shape, layout)
   for g, e in zip(got, _layer_by_layer(sched, initial)):
@@ -97,7 +96,7 @@ def test_pipelined_mlp_loss_and_gradients_equal_the_layer_by_layer_model(
 
 
 def test_recomputed_ticks_give_the_same_loss_and_gradients():
-  sched = pipeline_schedule(8, 4, 2, "circular")
+  sched = mtf.pipeline_schedule(8, 4, 2, "circular")
   initial = _stacked_weights(sched)
   got = _pipelined(sched, "circular", initial, "stage:4;batch:2", "stages:stage;batch:batch",
                    recompute=True)
@@ -112,13 +111,13 @@ def _build_graph(num_layers, stages, microbatches, schedule="fill_drain", layers
   mesh = mtf.Mesh(graph, "m")
   x = mtf.zeros(mesh, f"batch:{batch};d_model:{D_MODEL}")
   calls = []
-  sched = pipeline_schedule(num_layers, stages, microbatches, schedule, layers_per_round)
+  sched = mtf.pipeline_schedule(num_layers, stages, microbatches, schedule, layers_per_round)
   initial = _stacked_weights(sched)
 
   def layer(h, get):
     calls.append(h)
     return (layer_fn or _mlp_layer)(h, get, initial)
-  y = pipeline(layer, x, num_layers, mtf.Dimension("stages", stages), mtf.Dimension("batch", batch),
+  y = mtf.pipeline(layer, x, num_layers, mtf.Dimension("stages", stages), mtf.Dimension("batch", batch),
                microbatches, schedule=schedule, layers_per_round=layers_per_round,
                recompute=recompute, **kwargs)
   return graph, y, len(calls)
@@ -139,7 +138,7 @@ def _count(graph, op_class) -> int:
 ])
 def test_the_graph_runs_the_schedules_ticks_each_shifting_once(
     num_layers, stages, microbatches, schedule, layers_per_round, ticks):
-  sched = pipeline_schedule(num_layers, stages, microbatches, schedule, layers_per_round)
+  sched = mtf.pipeline_schedule(num_layers, stages, microbatches, schedule, layers_per_round)
   assert sched.num_ticks == ticks
   graph, y, calls = _build_graph(num_layers, stages, microbatches, schedule, layers_per_round)
   assert y.shape == mtf.Shape([mtf.Dimension("batch", BATCH), mtf.Dimension("d_model", D_MODEL)])
@@ -151,7 +150,7 @@ def test_the_graph_runs_the_schedules_ticks_each_shifting_once(
 
 def test_recompute_wraps_each_tick_in_a_recomputed_gradient():
   graph, _, _ = _build_graph(4, 2, 4, recompute=True)
-  assert _count(graph, mtf.CustomGradientOperation) == pipeline_schedule(4, 2, 4).num_ticks
+  assert _count(graph, mtf.CustomGradientOperation) == mtf.pipeline_schedule(4, 2, 4).num_ticks
 
 
 @pytest.mark.parametrize("num_layers, stages, microbatches, schedule, layers_per_round, bubble", [
@@ -162,22 +161,22 @@ def test_recompute_wraps_each_tick_in_a_recomputed_gradient():
 ])
 def test_bubble_fraction_follows_the_documented_formula(num_layers, stages, microbatches, schedule,
                                                         layers_per_round, bubble):
-  sched = pipeline_schedule(num_layers, stages, microbatches, schedule, layers_per_round)
+  sched = mtf.pipeline_schedule(num_layers, stages, microbatches, schedule, layers_per_round)
   assert sched.bubble_fraction == pytest.approx(bubble)
 
 
 def test_layers_sit_on_stages_in_blocks_for_fill_drain_and_round_robin_for_circular():
-  fill = pipeline_schedule(8, 4, 2)
+  fill = mtf.pipeline_schedule(8, 4, 2)
   assert [fill.layer_position(layer) for layer in range(8)] == [
       (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]
-  circular = pipeline_schedule(8, 4, 2, "circular")
+  circular = mtf.pipeline_schedule(8, 4, 2, "circular")
   assert [circular.layer_position(layer) for layer in range(8)] == [
       (0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1)]
 
 
 def test_schedule_picture_shows_microbatches_per_stage_and_tick():
-  assert pipeline_schedule(2, 2, 3).picture() == "stage 0: 0 1 2 .\nstage 1: . 0 1 2"
-  assert pipeline_schedule(4, 2, 1, "circular").picture() == (
+  assert mtf.pipeline_schedule(2, 2, 3).picture() == "stage 0: 0 1 2 .\nstage 1: . 0 1 2"
+  assert mtf.pipeline_schedule(4, 2, 1, "circular").picture() == (
       "stage 0: 0a  . 0b  .\nstage 1:  . 0a  . 0b")
 
 
@@ -200,13 +199,13 @@ def test_dry_run_sees_each_stage_hold_its_share_of_the_variables():
 
 
 def test_collective_backend_gives_the_layer_by_layer_model():
-  sched = pipeline_schedule(4, 2, 4, "circular")
+  sched = mtf.pipeline_schedule(4, 2, 4, "circular")
   initial = _stacked_weights(sched)
   x_value, target = _inputs()
 
   def build(mesh):
     x = mtf.import_tf_tensor(mesh, tf.constant(x_value), shape=f"batch:{BATCH};d_model:{D_MODEL}")
-    y = pipeline(lambda h, get: _mlp_layer(h, get, initial), x, 4, mtf.Dimension("stages", 2),
+    y = mtf.pipeline(lambda h, get: _mlp_layer(h, get, initial), x, 4, mtf.Dimension("stages", 2),
                  mtf.Dimension("batch", BATCH), 4, schedule="circular")
     return [y]
   got, = lower_and_evaluate(build, "stage:2;batch:2", "stages:stage;batch:batch", backend="collective")
@@ -219,7 +218,7 @@ def test_stages_that_do_not_divide_the_layers_are_refused():
   with pytest.raises(ValueError, match=r"4 stages do not divide the 6 layers.*one of \[1, 2, 3, 6\]"):
     _build_graph(6, 4, 2)
   with pytest.raises(ValueError, match=r"2 stages x 2 layers_per_round = 4 do not divide the 6 layers"):
-    pipeline_schedule(6, 2, 2, "circular", layers_per_round=2)
+    mtf.pipeline_schedule(6, 2, 2, "circular", layers_per_round=2)
 
 
 def test_microbatches_that_do_not_divide_the_batch_are_refused():
@@ -252,7 +251,7 @@ def test_a_stage_dimension_the_input_already_has_is_refused():
   with pytest.raises(ValueError, match=r"already has a dimension 'd_model'.*give it a new name"):
     graph = mtf.Graph()
     x = mtf.zeros(mtf.Mesh(graph, "m"), "batch:4;d_model:4")
-    pipeline(lambda h, get: h, x, 4, mtf.Dimension("d_model", 2), x.shape.dims[0], 2)
+    mtf.pipeline(lambda h, get: h, x, 4, mtf.Dimension("d_model", 2), x.shape.dims[0], 2)
 
 
 def test_a_layer_changing_the_activation_shape_is_refused():
@@ -262,4 +261,4 @@ def test_a_layer_changing_the_activation_shape_is_refused():
 
 def test_fill_drain_refuses_layers_per_round():
   with pytest.raises(ValueError, match=r"layers_per_round=2 applies to the circular schedule"):
-    pipeline_schedule(8, 2, 2, layers_per_round=2)
+    mtf.pipeline_schedule(8, 2, 2, layers_per_round=2)
