@@ -5,6 +5,8 @@ the weights at PipelineSchedule.layer_position(l), so the gradients w.r.t. the s
 compare directly. Meshes split the stages, the batch and the MLP's hidden dimension.
 """
 
+import io
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -196,6 +198,33 @@ def test_dry_run_sees_each_stage_hold_its_share_of_the_variables():
   total = sum(v.outputs[0].size for v in graph.trainable_variables) * 4  # float32 bytes
   assert result.variable_bytes == total // 4
   assert result.bytes_sent > 0  # the shifts between stages
+
+
+def test_explain_shows_one_shift_between_stages_per_tick_and_a_stages_share_of_the_variables():
+  graph, y, _ = _build_graph(8, 4, 4, "circular")
+  mtf.gradients([mtf.reduce_sum(y)], [v.outputs[0] for v in graph.trainable_variables])
+  explanation = mtf.explain(graph, "stage:4;batch:2", "stages:stage;batch:batch", file=io.StringIO())
+  forward_shifts = [line.split() for line in explanation.text.splitlines()
+                    if line.startswith("pipeline/shift") and "gradients" not in line]
+  assert len(forward_shifts) == mtf.pipeline_schedule(8, 4, 4, "circular").num_ticks - 1
+  assert all(row[-2:] == ["stage", "shift_op"] for row in forward_shifts)
+  total = sum(v.outputs[0].size for v in graph.trainable_variables) * 4  # float32 bytes
+  assert explanation.report.memory.variable_bytes == total // 4
+
+
+def test_emulated_simd_backend_runs_each_microbatch_through_every_layer():
+  """Weightless identical layers h -> 2h + 1 (four of them: 16x + 15), circular with M > S, so a
+  microbatch waits for stage 0; the SIMD backend's shifts and sums run on emulated TPU replicas."""
+  from tests.backends.test_simd_mesh_impl import _lower_on_replicas
+  x_value = _inputs()[0]
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(x_value), shape=f"batch:{BATCH};d_model:{D_MODEL}")
+    return [mtf.pipeline(lambda h, get: h * 2.0 + 1.0, x, 4, mtf.Dimension("stages", 2),
+                         mtf.Dimension("batch", BATCH), 4, schedule="circular")]
+  with tf.Graph().as_default():
+    got, = _lower_on_replicas(build, "stage:2;batch:2", "stages:stage;batch:batch", list(range(4)))
+  assert_allclose(got, 16 * x_value + 15)
 
 
 def test_collective_backend_gives_the_layer_by_layer_model():
