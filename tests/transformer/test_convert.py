@@ -6,8 +6,10 @@ sentencepiece); without it these tests skip, saying how to install it.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import tempfile
 
 import gin
 import ml_dtypes
@@ -20,6 +22,11 @@ from mesh_tensorflow.transformer.convert import cli, mtf_checkpoints, safetensor
 from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
 from tests.transformer import convert_fixtures as fixtures
 
+# torch makes its compile cache in the temp dir when imported; keep it in pytest's own folder, which the
+# suite's temp-dir check (tests/temp_dir_guard.py) leaves alone, as pytest keeps its tmp_path folders there.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+    os.environ.get("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir()), f"pytest-of-{getpass.getuser()}",
+    "torchinductor"))
 HF_MISSING = "needs the hf extra (pip install -e '.[hf]': torch, transformers, sentencepiece)"
 torch = pytest.importorskip("torch", reason=HF_MISSING)
 transformers = pytest.importorskip("transformers", reason=HF_MISSING)
