@@ -16,6 +16,7 @@ docs/ are picked up automatically.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import re
@@ -72,7 +73,12 @@ NOT_RUN = {
     (".venv/bin/python", "-m", "pytest", "-q", "-s", "tests/differential"):
         "needs the original from PyPI (scripts/setup_original.sh: network) and runs for minutes",
     (".venv/bin/python", "-m", "pytest"): "runs tests of this suite, which runs them itself",
+    ("python", "-m", "mesh_tensorflow.transformer.convert"):
+        "converts a model_dir a training run wrote; the page's Python program runs the same conversions "
+        "(and tests/transformer/test_convert.py the command line)",
 }
+# Pages whose Python blocks need an optional extra: they skip, saying so, where it is not installed.
+NEEDS_OPTIONAL = {"docs/converting.md": ("torch", "transformers")}
 NEEDS_A_TPU = "needs a Cloud TPU (tests/transformer/test_tpu_path.py covers what runs without one)"
 
 # Documented commands that write into the folder they run in: run from a temporary folder.
@@ -263,6 +269,10 @@ def warning_lines(output: str) -> list:
 
 @pytest.mark.parametrize("block", [b for b in python_blocks() if not b.fragment], ids=lambda b: b.where)
 def test_python_block_runs_saved_anywhere_and_prints_no_warning(block, tmp_path):
+  missing = [m for m in NEEDS_OPTIONAL.get(str(block.page.relative_to(ROOT)), ())
+             if importlib.util.find_spec(m) is None]
+  if missing:
+    pytest.skip(f"needs {missing}: the hf extra (pip install -e '.[hf]'; run_tests.sh --all installs it)")
   program = tmp_path / "block.py"
   program.write_text(block.code, encoding="utf-8")
   result = run([sys.executable, str(program)], cwd=tmp_path, temp=tmp_path, env=user_environment())

@@ -11,7 +11,6 @@ import os
 from typing import Callable, Iterable, Optional
 
 import numpy as np
-import tensorflow as tf2
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._lowering import random_stream
@@ -63,17 +62,29 @@ class Reader:
 def write(prefix: str, names: Iterable[str], read: Callable[[str], np.ndarray], step: int = 0) -> None:
   """Writes the checkpoint `prefix` (e.g. DIR/model.ckpt-0) of `names`, each value from read(name).
 
-  Each variable is saved alone, then the parts are merged; the `checkpoint` file of DIR names it.
+  Each variable is saved alone (fed to a SaveV2 op of a graph of its own, so this runs whether or
+  not eager execution is on), then the parts are merged; the `checkpoint` file of DIR names it.
   """
-  parts = []
   part_dir = prefix + ".parts"
-  for i, name in enumerate(list(names) + ["global_step"]):
-    value = np.array(step, np.int64) if name == "global_step" else read(name)
-    part = os.path.join(part_dir, f"part-{i:06d}")
-    tf2.raw_ops.SaveV2(prefix=part, tensor_names=[name], shape_and_slices=[""], tensors=[tf2.constant(value)])
-    parts.append(part)
-    del value
-  tf2.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=prefix, delete_old_dirs=True)
+  with tf.Graph().as_default(), tf.Session() as session:
+    parts = []
+    for i, name in enumerate(list(names) + ["global_step"]):
+      value = np.array(step, np.int64) if name == "global_step" else read(name)
+      part = os.path.join(part_dir, f"part-{i:06d}")
+      fed = tf.placeholder(tf.as_dtype(value.dtype), value.shape)
+      session.run(tf.raw_ops.SaveV2(prefix=part, tensor_names=[name], shape_and_slices=[""], tensors=[fed]),
+                  {fed: value})
+      parts.append(part)
+      del value
+    session.run(tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=prefix,
+                                              delete_old_dirs=True))
   if tf.io.gfile.exists(part_dir):
     tf.io.gfile.rmtree(part_dir)
-  tf.train.update_checkpoint_state(os.path.dirname(prefix), prefix)
+  _name_in_checkpoint_file(prefix)
+
+
+def _name_in_checkpoint_file(prefix: str) -> None:
+  """Writes DIR/checkpoint naming `prefix` as the latest, as tf.train.Saver does (a relative path)."""
+  directory, name = os.path.split(prefix)
+  with tf.io.gfile.GFile(os.path.join(directory, "checkpoint"), "w") as f:
+    f.write(f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
