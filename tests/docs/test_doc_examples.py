@@ -401,6 +401,25 @@ def test_few_python_blocks_are_fragments_and_each_says_why():
   assert sorted(map(listed_as, fragments)) == sorted(FRAGMENTS), "FRAGMENTS lists blocks no longer marked"
 
 
+def paragraph_before(block) -> str:
+  """The text of the paragraph just above a block's fragment mark (what a reader sees above it)."""
+  lines = block.page.read_text(encoding="utf-8").splitlines()[:block.line - 1]
+  while lines and (not lines[-1].strip() or lines[-1].strip() == FRAGMENT_MARK):
+    lines.pop()
+  paragraph = []
+  while lines and lines[-1].strip():
+    paragraph.insert(0, lines.pop())
+  return " ".join(paragraph)
+
+
+def test_every_fragment_says_in_the_page_that_it_continues_a_program_or_is_an_excerpt():
+  """The fragment mark is invisible when the page is rendered: the words above the block must say it."""
+  silent = [b.where for b in python_blocks() if b.fragment
+            and not re.search(r"\b(continu\w*|excerpt)\b", paragraph_before(b), re.I)]
+  assert not silent, (f"fragments {silent}: say in the paragraph above each that it continues the "
+                      f"program above (or is an excerpt of which program)")
+
+
 def test_block_reader_sees_fences_languages_and_fragment_marks(tmp_path):
   page = tmp_path / "page.md"
   page.write_text("text\n\n```python\nprint(1)\n```\n\n<!-- fragment -->\n\n```python\nx\n```\n"
