@@ -93,7 +93,8 @@ def _write_weights(reader, spec, weights, output_dir, dtype, max_shard_bytes) ->
   try:
     for weight in weights:
       value = reader.read(weight.ours)
-      writer.add(weight.hf, (value.T if weight.transpose else value).astype(dtype))
+      # A view where the dtype matches: the writer copies it into its staging file, once.
+      writer.add(weight.hf, (value.T if weight.transpose else value).astype(dtype, copy=False))
       del value
     for hf_name, shape in names.zero_relative_biases(spec):
       writer.add(hf_name, np.zeros(shape, dtype))
