@@ -120,9 +120,18 @@ def sample(model_dir: str, temperature: float) -> list:
   return list(run("infer", model_dir, eval_checkpoint_step=-1).values())[0]
 
 
+HELDOUT_DIR, HELDOUT_TAG = "validation_eval", "heldout/loss"   # where perplexity_eval writes its loss
+
+
+def loss_curve_series(model_dir: str) -> dict:
+  """[(step, loss)] of training (every step) and of the held-out text (each evaluation)."""
+  return {"training": progress.read_scalars(model_dir, "loss"),
+          "held-out": progress.read_scalars(os.path.join(model_dir, HELDOUT_DIR), HELDOUT_TAG)}
+
+
 def draw_loss_curve(model_dir: str) -> str:
-  """model_dir/loss_curve.png from the `loss` scalars of the TensorBoard event files."""
-  points = progress.read_scalars(model_dir, "loss")
+  """model_dir/loss_curve.png: the training loss, and the held-out loss at each evaluation."""
+  series = loss_curve_series(model_dir)
   try:
     import matplotlib
     matplotlib.use("Agg")
@@ -130,15 +139,19 @@ def draw_loss_curve(model_dir: str) -> str:
   except ImportError:
     return "matplotlib is not installed (pip install matplotlib): no loss-curve picture"
   fig, ax = plt.subplots(figsize=(6, 4))
-  ax.plot([s for s, _ in points], [v for _, v in points], marker=".")
+  training, heldout = series["training"], series["held-out"]
+  ax.plot([s for s, _ in training], [v for _, v in training], marker=".", label="training (each step)")
+  ax.plot([s for s, _ in heldout], [v for _, v in heldout], "o", color="tab:red", markersize=7,
+          label="held-out (each evaluation)")
   ax.set_xlabel("step")
-  ax.set_ylabel("training loss (nats per token)")
+  ax.set_ylabel("loss (nats per token)")
   ax.set_title(os.path.basename(os.path.normpath(model_dir)))
   ax.grid(True, alpha=0.3)
+  ax.legend()
   path = os.path.join(model_dir, "loss_curve.png")
   fig.savefig(path, dpi=100, bbox_inches="tight")
   plt.close(fig)
-  return f"loss curve: {path}"
+  return f"loss curve: {path} ({len(heldout)} held-out point{'s' * (len(heldout) != 1)})"
 
 
 def compare_layouts(args, model_dir: str) -> dict:

@@ -48,6 +48,8 @@ def test_the_language_model_learns_evaluates_samples_and_draws_its_loss_curve(tm
   try:
     import matplotlib  # noqa: F401
     assert os.path.getsize(tmp_path / "loss_curve.png") > 1000
+    assert "loss_curve.png (1 held-out point)" in out  # the evaluation at step 12
+    assert train.loss_curve_series(str(tmp_path))["held-out"][0][0] == 12
   except ImportError:
     assert "matplotlib is not installed" in out
 
