@@ -5,7 +5,8 @@ entries of the system temp dir (`tempfile.gettempdir()`, which honours TMPDIR) a
 private folder is made in it and made the temp dir of the run: TMPDIR and `tempfile.tempdir` point
 to it, so the workers, and every process a test launches, put their temporary files there
 (PYTEST_DEBUG_TEMPROOT keeps pytest's tmp_path folders where pytest puts them by default). At the
-end of the run, once the workers have exited, that folder must be empty and the system temp dir must
+end of the run, once the workers have exited, that folder must be empty (but for TensorFlow's
+autograph modules, which it never removes) and the system temp dir must
 hold no new entry: each one left is listed and the run fails (exit status 1). pytest's own
 `pytest-of-<user>` folder is not one (pytest keeps the last runs' tmp_path folders there); nor is
 anything another program on the machine writes there during the run, which this cannot tell apart:
@@ -17,12 +18,16 @@ from __future__ import annotations
 import getpass
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 
 import pytest
 
 _RUN_TEMP_PREFIX = "mtf-tests-tmp-"
+# TensorFlow's autograph writes each function it converts as a module in the temp dir and never
+# removes it from a pytest-xdist worker; in the run's own folder (removed below) they reach no one.
+_AUTOGRAPH_MODULE = re.compile(r"^__autograph_generated_file\w+\.py$")
 _SET = ("TMPDIR", "PYTEST_DEBUG_TEMPROOT")   # the environment variables the run sets, restored at its end
 
 
@@ -65,7 +70,7 @@ def left_behind(config) -> list:
   run_temp, environment = config.stash[_RUN_TEMP]
   ignored = {run_temp.name, f"pytest-of-{getpass.getuser()}"}
   left = sorted(str(system / name) for name in set(os.listdir(system)) - before - ignored)
-  left += sorted(str(path) for path in run_temp.iterdir())
+  left += sorted(str(path) for path in run_temp.iterdir() if not _AUTOGRAPH_MODULE.match(path.name))
   shutil.rmtree(run_temp, ignore_errors=True)
   for name, value in environment.items():
     if value is None:
