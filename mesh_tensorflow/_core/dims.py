@@ -79,11 +79,12 @@ class Shape:
   """
 
   def __init__(self, dims: Union[Iterable, str] = ()):
-    if isinstance(dims, str):
-      spec = dims
-      dims = _parse_string_to_list_of_pairs(dims, seconds_to_int=True)
-      _check_string_names_once(spec, dims)
+    spec = dims if isinstance(dims, str) else None
+    if spec is not None:
+      dims = _parse_string_to_list_of_pairs(spec, seconds_to_int=True)
     self._dims = [convert_to_dimension(d) for d in tuple(dims)]
+    if spec is not None:
+      _check_string_names_once(spec, self._dims)
     if len(set(self._dims)) != len(self._dims):
       repeated = sorted({d.name for d in self._dims if self._dims.count(d) > 1})
       raise ValueError(
@@ -194,11 +195,10 @@ class Shape:
     return self._dims[self._index_of(name)]
 
 
-def _check_string_names_once(spec: str, pairs) -> None:
-  names = [name for name, _ in pairs]
-  repeated = sorted({n for n in names if names.count(n) > 1})
+def _check_string_names_once(spec: str, dims: list) -> None:
+  repeated = sorted(names_with_two_sizes(dims))
   if repeated:
-    sizes = {n: [size for name, size in pairs if name == n] for n in repeated}
+    sizes = {n: [d.size for d in dims if d.name == n] for n in repeated}
     raise ValueError(
         f"Shape string {spec!r} names {repeated} more than once (sizes {sizes}); each name may "
         f"appear once in a shape string. Fix the typo, or, for a kernel that maps a dim to a "

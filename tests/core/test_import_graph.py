@@ -43,7 +43,9 @@ LAYERS = (
   ("transformer driver", ("mesh_tensorflow.transformer._train",)),
   ("transformer facades and entry points", ("mesh_tensorflow.transformer.__init__",
                                             "mesh_tensorflow.transformer.utils",
-                                            "mesh_tensorflow.transformer.main")),
+                                            "mesh_tensorflow.transformer.main",
+                                            # the converter reads and writes the driver's model_dirs
+                                            "mesh_tensorflow.transformer.convert")),
   ("explain command line", ("mesh_tensorflow._explain.transformer_graph", "mesh_tensorflow._explain.cli",
                             "mesh_tensorflow.explain.__main__")),
 )

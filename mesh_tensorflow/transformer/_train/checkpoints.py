@@ -129,6 +129,11 @@ _BOOKKEEPING = ("global_step", random_stream.COUNTER_NAME)
 _SLOT_SEPARATORS = ("_slot_", "/adam_", "_momentum")
 
 
+def is_bookkeeping_or_optimizer_state(name: str) -> bool:
+  """Whether checkpoint entry `name` is no model weight: the step, the random counter or a slot."""
+  return name in _BOOKKEEPING or any(separator in name for separator in _SLOT_SEPARATORS)
+
+
 class CheckpointCorruptError(ValueError):
   """A checkpoint's files cannot be read (truncated or missing data)."""
 

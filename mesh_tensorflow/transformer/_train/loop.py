@@ -25,6 +25,7 @@ from mesh_tensorflow.transformer._train import checkpoint_selection
 # sampling noise are the same in every run and under every layout, which makes runs comparable
 # and resumed runs exact.
 DEFAULT_RANDOM_SEED = 0
+OPERATIVE_CONFIG = "operative_config.gin"  # in model_dir: the configuration each run used
 
 
 def set_random_seed(seed: Optional[int]) -> None:
@@ -223,7 +224,7 @@ def _train(build, config: TrainConfig, print_fn, started, latest, stop: guards.S
 
 def _write_operative_config(model_dir: str) -> None:
   """The gin configuration the run actually used (every configurable called so far)."""
-  with open(os.path.join(model_dir, "operative_config.gin"), "w") as f:
+  with open(os.path.join(model_dir, OPERATIVE_CONFIG), "w") as f:
     f.write(gin.operative_config_str())
 
 

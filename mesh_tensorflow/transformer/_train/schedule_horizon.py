@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 from absl import logging
 
-from mesh_tensorflow.transformer._train import checkpoints
+from mesh_tensorflow.transformer._train import checkpoints, loop
 
 RECORD = "learning_rate_horizon.json"
 _SAMPLES = 64  # steps from the resume step to the later horizon at which the two schedules are compared
@@ -29,7 +29,7 @@ def _recorded_horizon(model_dir: str) -> Optional[int]:
   if tf.io.gfile.exists(record):
     with tf.io.gfile.GFile(record) as f:
       return int(json.load(f)["total_train_steps"])
-  config = os.path.join(model_dir, "operative_config.gin")
+  config = os.path.join(model_dir, loop.OPERATIVE_CONFIG)
   if not tf.io.gfile.exists(config):
     return None
   with tf.io.gfile.GFile(config) as f:

@@ -13,12 +13,9 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from mesh_tensorflow._lowering import random_stream
+from mesh_tensorflow.transformer._train.checkpoints import is_bookkeeping_or_optimizer_state
 from mesh_tensorflow.transformer.convert.errors import ConversionError
 
-# Suffixes optimizers give their slot variables (Adafactor, Adam, momentum); the step and random counter.
-_OPTIMIZER_STATE = ("_slot_", "/adam_", "_momentum")
-BOOKKEEPING = ("global_step", random_stream.COUNTER_NAME)
 
 
 def checkpoint_path(model_dir: str, step: Optional[int] = None) -> str:
@@ -35,10 +32,6 @@ def checkpoint_path(model_dir: str, step: Optional[int] = None) -> str:
   return path
 
 
-def is_optimizer_state(name: str) -> bool:
-  return name in BOOKKEEPING or any(s in name for s in _OPTIMIZER_STATE)
-
-
 class Reader:
   """Reads a checkpoint's variables one by one (as float32 or their stored dtype)."""
 
@@ -50,10 +43,10 @@ class Reader:
 
   def model_variables(self) -> list:
     """The names that are model weights (no optimizer slot, step or random counter)."""
-    return sorted(name for name in self.shapes if not is_optimizer_state(name))
+    return sorted(name for name in self.shapes if not is_bookkeeping_or_optimizer_state(name))
 
   def dropped(self) -> list:
-    return sorted(name for name in self.shapes if is_optimizer_state(name))
+    return sorted(name for name in self.shapes if is_bookkeeping_or_optimizer_state(name))
 
   def read(self, name: str) -> np.ndarray:
     return self._reader.get_tensor(name)

@@ -9,12 +9,12 @@ import gin
 import numpy as np
 from absl import logging
 
+from mesh_tensorflow.transformer._train.loop import OPERATIVE_CONFIG
 from mesh_tensorflow.transformer.convert import gin_model, gin_text, mtf_checkpoints, names, outputs
 from mesh_tensorflow.transformer.convert import safetensors_files, vocab
 from mesh_tensorflow.transformer.convert.errors import ConversionError
 from mesh_tensorflow.transformer.convert.spec import from_hf_config
 
-OPERATIVE_CONFIG = "operative_config.gin"
 # Tensors HF files may hold that are copies of others (tied embeddings) or that HF itself ignores.
 _IGNORED = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
             "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight")

@@ -11,13 +11,13 @@ import ml_dtypes
 import numpy as np
 from absl import logging
 
+from mesh_tensorflow.transformer._train.loop import OPERATIVE_CONFIG
 from mesh_tensorflow.transformer.convert import gin_model, mtf_checkpoints, names, outputs, safetensors_files
 from mesh_tensorflow.transformer.convert import vocab
 from mesh_tensorflow.transformer.convert.errors import ConversionError
 from mesh_tensorflow.transformer.convert.spec import T5Spec, hf_config
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-OPERATIVE_CONFIG = "operative_config.gin"
 
 
 def _gin_files(model_dir: str, gin_files: Sequence[str]) -> list:
