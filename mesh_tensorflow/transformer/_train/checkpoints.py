@@ -201,7 +201,7 @@ def restore_checkpoint(session, path: str, variables: Sequence, saver=None,
         f"them from a backup, or delete them (the run then resumes from the checkpoint before).") from None
 
 
-def _write_atomically(path: str, text: str) -> None:
+def write_atomically(path: str, text: str) -> None:
   """Writes through a temporary file of this process's own, then renames it into place."""
   tmp = os.path.join(os.path.dirname(path), f"{_TMP_PREFIX}{os.getpid()}-{os.path.basename(path)}")
   with open(tmp, "w") as f:
@@ -211,12 +211,12 @@ def _write_atomically(path: str, text: str) -> None:
   os.replace(tmp, path)
 
 
-def _write_state_file(model_dir: str, paths: Sequence[str]) -> None:
+def write_state_file(model_dir: str, paths: Sequence[str]) -> None:
   """The `checkpoint` file tf.train.get_checkpoint_state reads; the last path is the latest."""
   names = [os.path.basename(p) for p in paths]
   lines = ['model_checkpoint_path: "%s"' % names[-1]]
   lines += ['all_model_checkpoint_paths: "%s"' % n for n in names]
-  _write_atomically(os.path.join(model_dir, "checkpoint"), "\n".join(lines) + "\n")
+  write_atomically(os.path.join(model_dir, "checkpoint"), "\n".join(lines) + "\n")
 
 
 class CheckpointManager:
@@ -261,7 +261,7 @@ class CheckpointManager:
         for f in glob.glob(glob.escape(old) + ".*"):
           os.remove(f)
       kept = kept[-self._keep:]
-    _write_state_file(self._model_dir, kept)
+    write_state_file(self._model_dir, kept)
     return final
 
   def restore(self, session, path: str) -> None:

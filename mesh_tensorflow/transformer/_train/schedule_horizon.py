@@ -84,6 +84,5 @@ def check_and_record(model_dir: str, schedule: Optional[Callable], horizon: int,
     logging.warning(message)
     print_fn(message)
   tf.io.gfile.makedirs(model_dir)
-  with tf.io.gfile.GFile(os.path.join(model_dir, RECORD), "w") as f:
-    json.dump({"total_train_steps": horizon}, f)
+  checkpoints.write_atomically(os.path.join(model_dir, RECORD), json.dumps({"total_train_steps": horizon}))
   return message

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from mesh_tensorflow.transformer._train.checkpoints import is_bookkeeping_or_optimizer_state
+from mesh_tensorflow.transformer._train.checkpoints import is_bookkeeping_or_optimizer_state, write_state_file
 from mesh_tensorflow.transformer.convert.errors import ConversionError
 
 
@@ -73,11 +73,4 @@ def write(prefix: str, names: Iterable[str], read: Callable[[str], np.ndarray], 
                                               delete_old_dirs=True))
   if tf.io.gfile.exists(part_dir):
     tf.io.gfile.rmtree(part_dir)
-  _name_in_checkpoint_file(prefix)
-
-
-def _name_in_checkpoint_file(prefix: str) -> None:
-  """Writes DIR/checkpoint naming `prefix` as the latest, as tf.train.Saver does (a relative path)."""
-  directory, name = os.path.split(prefix)
-  with tf.io.gfile.GFile(os.path.join(directory, "checkpoint"), "w") as f:
-    f.write(f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
+  write_state_file(os.path.dirname(prefix), [prefix])
