@@ -354,8 +354,9 @@ def test_command_runs_and_prints_what_the_page_says(block, argv, tmp_path):
   else:
     script = argv[1]
     assert (ROOT / script).is_file(), f"{block.where}: {script} does not exist"
-  result = run(with_temporary_folders([sys.executable] + argv[1:] + SHORT_SETTINGS.get(script, []),
-                                      tmp_path / "model_dir"), cwd=ROOT, temp=tmp_path)
+  # Only the page's words are rewritten: the interpreter itself may live under /tmp (a clone there).
+  result = run([sys.executable] + with_temporary_folders(argv[1:] + SHORT_SETTINGS.get(script, []),
+                                                         tmp_path / "model_dir"), cwd=ROOT, temp=tmp_path)
   output = result.stdout + "\n" + result.stderr
   shown = prompt_outputs(block).get(shlex.join(argv)) if block.language not in SHELL_LANGUAGES else None
   if shown:
