@@ -24,6 +24,7 @@ from typing import Callable, Optional, Sequence
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._lowering import random_stream
+from mesh_tensorflow._tf_compat import saveable_object, saveable_object_util
 
 CHECKPOINT_PREFIX = "model.ckpt"
 _TMP_PREFIX = ".tmp-"
@@ -102,14 +103,34 @@ def _saved_variables(variables: Sequence) -> dict:
   """{name the checkpoint holds: (whole shape, [the tf.Variables saved under it])}.
 
   A variable is saved under its op name, or, with a SaveSliceInfo, as a part of the whole variable
-  that info names.
+  that info names; a layer stack's part (sliced masters) as parts of the several layers' variables
+  its save_slice_infos name.
   """
   ret = {}
   for var in variables:
     info = getattr(var, "_save_slice_info", None)
-    name, shape = (info.full_name, info.full_shape) if info else (var.op.name, var.shape.as_list())
-    ret.setdefault(name, (list(shape), []))[1].append(var)
+    infos = getattr(var, "save_slice_infos", None) or ([info] if info else [])
+    entries = [(i.full_name, i.full_shape) for i in infos] or [(var.op.name, var.shape.as_list())]
+    for name, shape in entries:
+      ret.setdefault(name, (list(shape), []))[1].append(var)
   return ret
+
+
+def _saved_tensors(variables: Sequence) -> list:
+  """(checkpoint name, the tensor saved under it) of every variable and SaveableObject (a CastPart
+  or a layer stack's part saves tensors of its own)."""
+  ret = []
+  for v in variables:
+    if isinstance(v, saveable_object.SaveableObject):
+      ret += [(spec.name, spec.tensor) for spec in v.specs]
+    else:
+      ret.append((v.op.name, v))
+  return ret
+
+
+def _unique(saved: list) -> list:
+  """saved without repeats (a layer stack's part is listed under each of its layers' names)."""
+  return list({id(v): v for v in saved}.values())
 
 
 def _check_shape(path: str, checkpoint_shapes: dict, checkpoint_name: str, model_name: str,
@@ -132,6 +153,10 @@ _SLOT_SEPARATORS = ("_slot_", "/adam_", "_momentum")
 def is_bookkeeping_or_optimizer_state(name: str) -> bool:
   """Whether checkpoint entry `name` is no model weight: the step, the random counter or a slot."""
   return name in _BOOKKEEPING or any(separator in name for separator in _SLOT_SEPARATORS)
+
+
+class NonFiniteCheckpointError(ValueError):
+  """Variables to be saved hold NaN or infinite values (the save is refused)."""
 
 
 class CheckpointCorruptError(ValueError):
@@ -189,7 +214,8 @@ def restore_checkpoint(session, path: str, variables: Sequence, saver=None,
   """
   check_checkpoint_matches(path, variables, optimizer_state_may_be_extra)
   names = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-  present = [v for name, (_, saved) in _saved_variables(variables).items() if name in names for v in saved]
+  present = _unique([v for name, (_, saved) in _saved_variables(variables).items() if name in names
+                     for v in saved])
   if saver is None or len(present) < len(variables):
     saver = tf.train.Saver(present)
   try:
@@ -240,6 +266,8 @@ class CheckpointManager:
     self._keep = keep_checkpoint_max or None
     self._before_save = before_save
     self._saver = tf.train.Saver(self._variables, max_to_keep=None, save_relative_paths=True)
+    self._finite = [(name, tf.reduce_all(tf.math.is_finite(t))) for name, t in _saved_tensors(self._variables)
+                    if t.dtype.base_dtype.is_floating]
 
   def save(self, session, step: int) -> str:
     """Writes model.ckpt-<step> atomically and makes it the latest; returns its path."""
@@ -247,6 +275,7 @@ class CheckpointManager:
     if self._before_save is not None:
       session.run(self._before_save)
     final = checkpoint_path(self._model_dir, step)
+    self._check_finite(session, final)
     tmp = os.path.join(self._model_dir, f"{_TMP_PREFIX}{os.getpid()}-{os.path.basename(final)}")
     self._saver.save(session, tmp, write_meta_graph=False, write_state=False)
     data_files = sorted(glob.glob(glob.escape(tmp) + ".data-*"))
@@ -264,6 +293,17 @@ class CheckpointManager:
     write_state_file(self._model_dir, kept)
     return final
 
+  def _check_finite(self, session, path: str) -> None:
+    """Refuses to write a checkpoint holding a NaN or an infinity: it would replace good ones."""
+    finite = session.run([check for _, check in self._finite])
+    bad = [name for (name, _), ok in zip(self._finite, finite) if not ok]
+    if bad:
+      latest = latest_checkpoint(self._model_dir)
+      raise NonFiniteCheckpointError(
+          f"Not saving {path}: {len(bad)} variables hold NaN or infinite values, e.g. {bad[:3]}; the "
+          f"latest checkpoint is still {latest}. Lower the learning rate (non_finite_steps.skip = True "
+          f"skips steps whose loss or gradients are not finite).")
+
   def restore(self, session, path: str) -> None:
     """Restores every variable from `path` (CheckpointMismatchError if names or shapes differ)."""
     restore_checkpoint(session, path, self._variables, self._saver)
@@ -278,13 +318,32 @@ def restore_available(session, path: str, variables: Sequence,
   This is how `init_checkpoint` warm-starts a model from another one. Returns the restored ones.
   """
   shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-  mapping, restored = {}, []
+  mapping, restored, stack_parts = {}, [], {}
   for model_name, (shape, saved) in _saved_variables(variables).items():
     name = checkpoint_name(model_name)
     if should_load(model_name) and name in shapes:
       _check_shape(path, shapes, name, model_name, shape)
-      mapping[name] = saved if getattr(saved[0], "_save_slice_info", None) else saved[0]
+      for var in saved:
+        if getattr(var, "save_slice_infos", None):
+          stack_parts.setdefault(id(var), (var, []))[1].append((model_name, name))
+      if not any(getattr(var, "save_slice_infos", None) for var in saved):
+        mapping[name] = saved if getattr(saved[0], "_save_slice_info", None) else saved[0]
       restored += saved
-  if mapping:
-    tf.train.Saver(mapping).restore(session, path)
-  return restored
+  saveables = saveable_object_util.validate_and_slice_inputs(mapping) if mapping else []
+  for part, names in stack_parts.values():
+    _check_whole_layer_stack_part(part, names)
+    saveables.append(part)
+  if saveables:
+    tf.train.Saver(saveables).restore(session, path)
+  return _unique(restored)
+
+
+def _check_whole_layer_stack_part(part, names: list) -> None:
+  """A layer stack's part restores all its layers at once, from their own names."""
+  held = [info.full_name for info in part.save_slice_infos]
+  if [model_name for model_name, _ in names] != held or any(a != b for a, b in names):
+    raise CheckpointMismatchError(
+        f"init_checkpoint: the pipelined layers {held} share one variable per processor, so they are "
+        f"warm-started together and under their own names; the checkpoint (after "
+        f"init_checkpoint_variable_mapping and the variable filter) offers only {names}. Warm-start "
+        f"all of them, or leave the model unpipelined for this run.")

@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 import gin
 import tensorflow.compat.v1 as tf
 
-from mesh_tensorflow.transformer._train import checkpoints, guards, model_fn, progress
+from mesh_tensorflow.transformer._train import checkpoints, guards, model_fn, nonfinite, progress
 from mesh_tensorflow.transformer._train import checkpoint_selection
 
 # The default graph-level seed (utils.run.random_seed): initial weights, dropout masks and
@@ -104,7 +104,8 @@ def build_training_graph(model, features: dict, config: TrainConfig, variable_dt
   return model_fn.build_model_graph(
       model, features, "train", mesh_impl, variable_dtype, autostack=config.autostack,
       optimizer=config.optimizer, learning_rate=_learning_rate(config.learning_rate_schedule, global_step),
-      variable_filter=config.variable_filter, **build_kwargs)
+      variable_filter=config.variable_filter, skip_non_finite=nonfinite.non_finite_policy().skip,
+      **build_kwargs)
 
 
 def train_with(build: Callable[[int], model_fn.LoweredModel], config: TrainConfig, print_fn: Callable = print,
@@ -181,7 +182,7 @@ def _train(build, config: TrainConfig, print_fn, started, latest, stop: guards.S
                                             config.keep_checkpoint_max,
                                             before_save=built.lowering.copy_slices_to_masters())
     fetches = [built.train_op, built.outputs["loss"], built.outputs["learning_rate"],
-               built.outputs["tokens"]]
+               built.outputs["tokens"], built.outputs["gradient_norm"]]
     for hook in hooks:
       hook.begin()
     with tf.Session(config=model_fn.session_config(config.mesh_devices)) as session:
@@ -191,15 +192,18 @@ def _train(build, config: TrainConfig, print_fn, started, latest, stop: guards.S
         hook.after_create_session(session, None)
       writer = progress.summary_writer(config.model_dir)  # only once the checkpoint restored
       reporter = progress.ProgressReporter(writer, start_step, config.train_steps, print_fn)
+      watch = nonfinite.NonFiniteWatch(nonfinite.non_finite_policy(), writer, print_fn)
       step, loss, first_step_seconds, input_ended, hook_stop = start_step, None, None, False, False
       while step < config.train_steps and stop.signum is None and not hook_stop:
         try:
-          (_, loss, learning_rate, tokens), hook_stop = _run_step(session, fetches, hooks)
+          (_, loss, learning_rate, tokens, norm), hook_stop = _run_step(session, fetches, hooks)
         except tf.errors.OutOfRangeError:
           input_ended = True
           print_fn(f"The training input ended at step {step} (before train_steps {config.train_steps}).")
           break
         step += 1
+        watch.check(step, float(loss), float(norm),
+                    None if config.learning_rate_schedule is None else float(learning_rate), latest)
         if first_step_seconds is None:
           first_step_seconds = time.time() - started
           print_fn(f"First training step done {first_step_seconds:.1f}s after start "
@@ -219,7 +223,7 @@ def _train(build, config: TrainConfig, print_fn, started, latest, stop: guards.S
         hook.end(session)
     writer.close()
   return {"step": step, "loss": None if loss is None else float(loss),
-          "first_step_seconds": first_step_seconds}
+          "first_step_seconds": first_step_seconds, "skipped_steps": watch.skipped}
 
 
 def _write_operative_config(model_dir: str) -> None:

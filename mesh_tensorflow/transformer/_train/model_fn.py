@@ -17,6 +17,7 @@ import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import transformer
+from mesh_tensorflow.transformer._train import nonfinite
 
 MESH_NAME = "my_mesh"
 MODES = ("train", "eval", "infer")
@@ -177,7 +178,8 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
                       optimizer: Optional[Callable] = None, learning_rate=None,
                       variable_filter=None, variable_placer=None, random_position=None,
                       outer_batch_size: int = 1, predict_fn: Optional[Callable] = None,
-                      token_outputs: bool = False, log_file=None) -> LoweredModel:
+                      token_outputs: bool = False, log_file=None,
+                      skip_non_finite: bool = False) -> LoweredModel:
   """Builds and lowers one mode's graph on mesh "my_mesh" in the default TF graph.
 
   Args:
@@ -202,11 +204,13 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
       [batch] (eval) mtf Tensor.
     token_outputs: eval only; also output per-token values (see _eval_outputs).
     log_file: mtf.Lowering's log_file (variable and operation sizes).
+    skip_non_finite: train only; a step whose loss, gradient norm or learning rate is not finite
+      changes no variable (nonfinite.gate_updates); outputs["finite"] says whether it was.
 
   Returns:
-    LoweredModel with outputs: train {"loss", "learning_rate", "tokens"}, eval {"log_likelihood",
-    "num_tokens"} (per example; token_outputs adds [batch, length] tensors), infer {"outputs"}
-    (token ids per example).
+    LoweredModel with outputs: train {"loss", "learning_rate", "tokens", "gradient_norm"}, eval
+    {"log_likelihood", "num_tokens"} (per example; token_outputs adds [batch, length] tensors),
+    infer {"outputs"} (token ids per example).
   """
   if mode not in MODES:
     raise ValueError(f"Unknown model_fn mode {mode!r}; expected one of {MODES}.")
@@ -236,6 +240,13 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
       grads = mtf.gradients([loss], [v.outputs[0] for v in trained])
       kwargs = {} if learning_rate is None else {"learning_rate": learning_rate}
       update_ops = optimizer(**kwargs).apply_grads(grads, trained)
+      mtf_outputs["gradient_norm"] = nonfinite.gradient_norm(grads)
+      if skip_non_finite:
+        checked = [mtf.cast(loss, tf.float32), mtf_outputs["gradient_norm"]]
+        if learning_rate is not None:
+          checked.append(mtf.import_tf_tensor(mesh, tf.cast(learning_rate, tf.float32), mtf.Shape([])))
+        mtf_outputs["finite"] = nonfinite.all_finite(checked)
+        update_ops = nonfinite.gate_updates(update_ops, mtf_outputs["finite"])
     else:
       mtf_outputs.update({k: mtf.anonymize(v) for k, v in _eval_outputs(
           logits, mtf_features["targets"], logits.shape.dims[-1], token_outputs).items()})
@@ -248,6 +259,7 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
   train_op = None
   if mode == "train":
     outputs["loss"] = tf.cast(outputs["loss"], tf.float32)
+    outputs["gradient_norm"] = tf.cast(outputs["gradient_norm"], tf.float32)
     outputs["learning_rate"] = tf.cast(tf.convert_to_tensor(
         float("nan") if learning_rate is None else learning_rate), tf.float32)
     outputs["tokens"] = tf.reduce_sum(tf.cast(tf.greater(features["targets"], 0), tf.int64))
