@@ -31,6 +31,7 @@ and in either mode.
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf2
 import tensorflow.compat.v1 as tf
 from mesh_tensorflow._tf_compat import saveable_object, saveable_object_util
@@ -44,7 +45,7 @@ class SlicedLaidOutVariable(laid_out.LaidOutVariable):
   def __init__(self, variable, mesh_impl):
     self._variable = variable
     self._mesh_impl = mesh_impl
-    originals = getattr(variable, "originals", None)
+    originals = None if variable.is_layer_stack else getattr(variable, "originals", None)
     self._stacked = originals is not None
     if self._stacked and mesh_impl.slice_shape(variable.shape)[0] != len(originals):
       raise ValueError(f"Variable {variable.name!r}: masters='sliced' cannot split the 'stacked' "
@@ -128,7 +129,7 @@ class _SlicedVariable:
   def __init__(self, variable, mesh_impl):
     self._variable = variable
     self._mesh_impl = mesh_impl
-    self.name = variable.name  # the checkpoint name
+    self.name = variable.name  # the checkpoint name (a layer stack's parts save its layers' names)
     shape = variable.shape
     slice_shape = mesh_impl.slice_shape(shape)
     devices = mesh_impl.devices
@@ -153,6 +154,9 @@ class _SlicedVariable:
     self.parts = {pnum: self.slices[pnum] for pnum in where.parts}  # each slice's part
     self._checkpointed = []  # what stands in the master's collections: a part or its CastPart
     for pnum in where.parts:
+      if variable.is_layer_stack:
+        self._checkpointed.append(LayerStackPart(self.parts[pnum], variable, mesh_impl, pnum))
+        continue
       info = tf2.Variable.SaveSliceInfo(
           variable.name, shape.to_integer_list, mesh_impl.slice_begin(shape, pnum), slice_shape)
       if where.cast_on_save:
@@ -161,8 +165,17 @@ class _SlicedVariable:
         self.parts[pnum]._set_save_slice_info(info)  # pylint: disable=protected-access
         self._checkpointed.append(self.parts[pnum])
     master = variable.replace_master(self)
-    if master is not None and not tf.executing_eagerly():
-      _replace_in_collections(master, self._checkpointed)
+    # A layer stack's checkpoint names are its per-layer variables': their masters retire.
+    retired = ([v.replace_master(_StackMember(self, i)) for i, v in enumerate(variable.originals)]
+               if variable.is_layer_stack else [master])
+    if not tf.executing_eagerly():
+      for n, master in enumerate(m for m in retired if m is not None):
+        _replace_in_collections(master, self._checkpointed if n == 0 else [])
+
+  @property
+  def variable(self):
+    """The mtf Variable whose master this holds."""
+    return self._variable
 
   def saveables(self) -> list:
     """The parts as SaveableObjects (for a Saver given them by hand)."""
@@ -221,37 +234,38 @@ class _InitialParts:
 
   def _slices(self) -> list:
     if self._parts is None:
-      master = self._variable.get_master()
-      if isinstance(master, tf2.Variable):  # every kind (tf.compat.v1.Variable is a subclass)
-        master = master.read_value() if tf.executing_eagerly() else master.initial_value
-      self._parts = self._mesh_impl.master_parts(master, self._variable.shape)
+      self._parts = self._mesh_impl.master_parts(_initial_value(self._variable), self._variable.shape)
     return self._parts
 
 
-class CastPart(saveable_object.SaveableObject):
-  """A part held in the slice dtype, checkpointed in the master dtype: cast on save and restore.
+def _initial_value(variable):
+  """The whole initial value of an mtf Variable's master (a layer stack's: its layers', stacked)."""
+  if variable.is_layer_stack:
+    return tf.reshape(tf.stack([_initial_value(v) for v in variable.originals]),
+                      variable.shape.to_integer_list)
+  master = variable.get_master()
+  if isinstance(master, tf2.Variable):  # every kind (tf.compat.v1.Variable is a subclass)
+    return master.read_value() if tf.executing_eagerly() else master.initial_value
+  return master
 
-  It stands for the part in the master's collections (GLOBAL_VARIABLES, ...), so it also answers
-  what initialisers, ready checks and checkpoint tools ask of a variable there: its initializer,
-  is_initialized, op, shape and SaveSliceInfo. Its dtype is the checkpoint's.
-  """
 
-  def __init__(self, part, save_slice_info, master_dtype):
+class _PartStandIn(saveable_object.SaveableObject):
+  """A SaveableObject standing for a part in the master's collections (GLOBAL_VARIABLES, ...): it
+  also answers what initialisers, ready checks and checkpoint tools ask of a variable there (its
+  initializer, is_initialized, op, shape). Its dtype is the checkpoint's."""
+
+  def __init__(self, part, specs: list, master_dtype):
     self._part = part
-    self._save_slice_info = save_slice_info
     self._master_dtype = master_dtype
+    super().__init__(part, specs, part.name.rsplit(":", 1)[0])
 
-    def saved_value():
-      with tf.device(part.device):
-        return tf.cast(part.read_value(), master_dtype)
-    spec = saveable_object.SaveSpec(saved_value, save_slice_info.spec, save_slice_info.full_name,
-                                    dtype=master_dtype, device=part.device)
-    super().__init__(part, [spec], part.name.rsplit(":", 1)[0])
+  def _saved_value(self, index=()):
+    def value():
+      with tf.device(self._part.device):
+        return tf.cast(self._part.read_value()[index], self._master_dtype)
+    return value
 
-  def restore(self, restored_tensors, restored_shapes):
-    value = restored_tensors[0]
-    if restored_shapes is not None:
-      value = tf.reshape(value, restored_shapes[0])
+  def _assign(self, value):
     with tf.device(self._part.device):
       return self._part.assign(tf.cast(value, self._part.dtype), read_value=False)
 
@@ -269,6 +283,82 @@ class CastPart(saveable_object.SaveableObject):
 
   def is_initialized(self, name=None):
     return self._part.is_initialized(name=name)
+
+
+class CastPart(_PartStandIn):
+  """A part held in the slice dtype, checkpointed in the master dtype: cast on save and restore.
+
+  Its SaveSliceInfo is the part's place in the whole variable.
+  """
+
+  def __init__(self, part, save_slice_info, master_dtype):
+    self._save_slice_info = save_slice_info
+    self._part, self._master_dtype = part, master_dtype  # _saved_value reads them
+    spec = saveable_object.SaveSpec(self._saved_value(), save_slice_info.spec, save_slice_info.full_name,
+                                    dtype=master_dtype, device=part.device)
+    super().__init__(part, [spec], master_dtype)
+
+  def restore(self, restored_tensors, restored_shapes):
+    value = restored_tensors[0]
+    if restored_shapes is not None:
+      value = tf.reshape(value, restored_shapes[0])
+    return self._assign(value)
+
+
+class LayerStackPart(_PartStandIn):
+  """A layer stack's part, checkpointed as the parts of the per-layer variables it holds.
+
+  A processor's slice of a LayerStackVariable [stages(, stage_layers)] + shape holds some
+  layers' weights (or parts of them): each is saved under its layer's variable name, as the
+  unstacked model saves it, so a checkpoint moves between pipelined and unpipelined models.
+  `save_slice_infos` lists them (one per layer held), for checkpoint checks.
+  """
+
+  def __init__(self, part, variable, mesh_impl, pnum: int):
+    rank = len(variable.stack_dims)
+    begin = mesh_impl.slice_begin(variable.shape, pnum)
+    slice_shape = mesh_impl.slice_shape(variable.shape)
+    stack_sizes = [d.size for d in variable.stack_dims]
+    layer_shape = variable.originals[0].shape.to_integer_list
+    self._slice_shape, self._layer_slice_shape = slice_shape, slice_shape[rank:]
+    self.save_slice_infos, specs = [], []
+    for local in np.ndindex(*slice_shape[:rank]):
+      layer = int(np.ravel_multi_index([b + i for b, i in zip(begin, local)], stack_sizes))
+      info = tf2.Variable.SaveSliceInfo(variable.originals[layer].name, layer_shape, begin[rank:],
+                                        slice_shape[rank:])
+      self.save_slice_infos.append(info)
+      specs.append((local, info))
+    self._part, self._master_dtype = part, variable.master_dtype  # _saved_value reads them
+    super().__init__(part, [
+        saveable_object.SaveSpec(self._saved_value(local), info.spec, info.full_name,
+                                 dtype=variable.master_dtype, device=part.device)
+        for local, info in specs], variable.master_dtype)
+
+  def restore(self, restored_tensors, restored_shapes):
+    del restored_shapes
+    pieces = [tf.reshape(t, self._layer_slice_shape) for t in restored_tensors]
+    return self._assign(tf.reshape(tf.stack(pieces), self._slice_shape))
+
+
+class _StackMember:
+  """The master holder of a layer of a sliced layer stack: that layer's piece of the stack."""
+
+  def __init__(self, stack_holder: "_SlicedVariable", index: int):
+    self._stack_holder = stack_holder
+    self._index = index
+
+  def _layers(self, whole):
+    variable = self._stack_holder.variable
+    return tf.reshape(whole, [len(variable.originals)] + variable.originals[0].shape.to_integer_list)
+
+  def master_value(self):
+    return self._layers(self._stack_holder.master_value())[self._index]
+
+  def assign_master(self, value):
+    layers = tf.unstack(self._layers(self._stack_holder.master_value()))
+    layers[self._index] = tf.convert_to_tensor(value)
+    return self._stack_holder.assign_master(tf.reshape(tf.stack(layers),
+                                                       self._stack_holder.variable.shape.to_integer_list))
 
 
 def _replace_in_collections(master, parts: list) -> None:

@@ -250,9 +250,9 @@ class Lowering:
   def autostack(self) -> None:
     """Stacks similar variables so each processor holds fewer, larger slice variables.
 
-    Done once per graph: a graph that already holds stacked variables is lowered as it is.
+    Done once per graph: a graph that already holds autostacked variables is lowered as it is.
     """
-    if any(getattr(v, "is_stacked", False) for v in self.graph.all_variables):
+    if any(v.is_stacked and not v.is_layer_stack for v in self.graph.all_variables):
       return
     num_slices = sum(self.mesh_impl(v).size for v in self.graph.all_variables)
     max_combined_slice_size = 2 ** 27 if num_slices >= 2 ** 16 else 2 ** 16

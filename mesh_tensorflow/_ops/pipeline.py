@@ -10,7 +10,7 @@ see pipeline_schedule.py.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -22,12 +22,14 @@ from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import custom_gradient as custom_gradient_ops
 from mesh_tensorflow._ops import einsum as einsum_ops
+from mesh_tensorflow._ops import elementwise as elementwise_ops
 from mesh_tensorflow._ops import io as io_ops
 from mesh_tensorflow._ops import reshape as reshape_ops
 from mesh_tensorflow._ops import shift as shift_ops
 from mesh_tensorflow._ops import slicing as slicing_ops
 from mesh_tensorflow._ops import variables as variable_ops
 from mesh_tensorflow._ops.pipeline_schedule import PipelineSchedule, pipeline_schedule
+from mesh_tensorflow._ops.stacking import LayerStackVariable
 
 __all__ = ["pipeline", "pipeline_schedule", "PipelineSchedule"]
 
@@ -36,7 +38,9 @@ MICROBATCH_DIM_NAME = "pipeline_microbatches"
 
 def pipeline(layer_fn: Callable, x: Tensor, num_layers: int, stage_dim, batch_dim,
              num_microbatches: int, *, schedule: str = "fill_drain", layers_per_round: int = 1,
-             recompute: bool = False, mesh_shape=None, layout=None, name: str = "pipeline") -> Tensor:
+             recompute: bool = False, side_inputs: Sequence[Tensor] = (),
+             layer_scopes: Optional[Sequence[str]] = None, mesh_shape=None, layout=None,
+             name: str = "pipeline") -> Tensor:
   """Applies `num_layers` structurally identical layers to x, pipelined over `stage_dim`.
 
   The batch is cut into microbatches; each of the schedule's ticks runs `layer_fn` on every stage
@@ -50,7 +54,11 @@ def pipeline(layer_fn: Callable, x: Tensor, num_layers: int, stage_dim, batch_di
       behind it is created once, in the variable scope `name`, as [stage_dim, <stage>_layers]
       + shape (no layer dim when each stage holds one layer); kwargs go to mtf.get_variable (an
       initializer initializes that whole stacked variable). Make the layer's variables with it
-      only: mtf.get_variable inside layer_fn would share one variable among all layers.
+      only: mtf.get_variable inside layer_fn would share one variable among all layers (or run
+      it inside mtf.intercept_get_variable, as the Transformer's LayerStack does). With
+      side_inputs, layer_fn(h, get_variable, sides) also gets them, each as
+      [stage_dim, <its dims with batch_dim cut to the microbatch>]: every stage's row holds the
+      microbatch that stage runs this tick (zeros where it idles).
     x: the input, with batch_dim.
     num_layers: L; the stages must divide it (times layers_per_round when circular).
     stage_dim: the stage Dimension (e.g. Dimension("stages", 4)); a layout rule such as
@@ -64,6 +72,12 @@ def pipeline(layer_fn: Callable, x: Tensor, num_layers: int, stage_dim, batch_di
     layers_per_round: K, for "circular".
     recompute: recompute each tick's layers on the backward pass (mtf.recompute_grad) instead
       of keeping their activations; only the activations between ticks are kept.
+    side_inputs: tensors with batch_dim that every layer reads beside h (a Transformer's
+      sequence ids, say); they are not changed by the layers.
+    layer_scopes: one variable scope per layer (relative to the scope pipeline is called in):
+      then each weight is one variable per layer, named `<scope>/<name>` and shaped as an
+      unpipelined model's (so checkpoints do not depend on the pipeline), stacked for the
+      stages by an mtf.LayerStackVariable; the initializer initializes each layer's variable.
     mesh_shape, layout: the mesh shape and layout rules the graph will be lowered with. Given,
       they are checked now (see Raises); otherwise the layout check at lowering catches them.
     name: the variable scope of the layers' variables.
@@ -89,16 +103,26 @@ def pipeline(layer_fn: Callable, x: Tensor, num_layers: int, stage_dim, batch_di
   batch_dim = convert_to_dimension(batch_dim)
   checks.check_dim_in("pipeline", "batch_dim", batch_dim, x)
   _check_stage_dim_is_new(stage_dim, x)
+  for side in side_inputs:
+    checks.check_dim_in("pipeline", "side_inputs", batch_dim, side)
+  if layer_scopes is not None and len(layer_scopes) != num_layers:
+    raise ValueError(f"pipeline: got {len(layer_scopes)} layer_scopes for {num_layers} layers; give one "
+                     f"variable scope per layer.")
   sched = pipeline_schedule(num_layers, stage_dim.size, num_microbatches, schedule, layers_per_round)
   _check_microbatches_divide_batch(batch_dim, num_microbatches)
   if mesh_shape is not None or layout is not None:
     _check_layout(stage_dim, batch_dim, num_microbatches, mesh_shape, layout)
   micro_dim = Dimension(MICROBATCH_DIM_NAME, num_microbatches)
   small_batch_dim = Dimension(batch_dim.name, batch_dim.size // num_microbatches)
-  pieces = slicing_ops.unstack(
-      reshape_ops.replace_dimensions(x, batch_dim, [small_batch_dim, micro_dim]), micro_dim)
+  def in_microbatches(t):
+    return reshape_ops.replace_dimensions(t, batch_dim, [small_batch_dim, micro_dim])
+
+  pieces = slicing_ops.unstack(in_microbatches(x), micro_dim)
+  sides = [in_microbatches(t) for t in side_inputs]
+  outer_scope = tf.get_variable_scope()
   with tf.variable_scope(name):
-    outputs = _Ticks(layer_fn, sched, stage_dim, x.mesh, x.dtype, recompute).run(pieces)
+    weights = _Weights(sched, stage_dim, x.mesh, outer_scope, layer_scopes)
+    outputs = _Ticks(layer_fn, sched, stage_dim, x.mesh, x.dtype, recompute, weights, sides).run(pieces)
   axis = outputs[0].shape.dims.index(small_batch_dim) + 1
   stacked = slicing_ops.stack(outputs, micro_dim.name, axis=axis)
   return reshape_ops.replace_dimensions(stacked, [small_batch_dim, micro_dim], batch_dim)
@@ -108,14 +132,14 @@ class _Ticks:
   """Builds the schedule's ticks, one after another, for one pipeline call."""
 
   def __init__(self, layer_fn: Callable, sched: PipelineSchedule, stage_dim: Dimension, mesh,
-               dtype, recompute: bool):
+               dtype, recompute: bool, weights: "_Weights", sides: list):
     self._layer_fn = layer_fn
     self._sched = sched
     self._stage_dim = stage_dim
     self._mesh = mesh
     self._recompute = recompute
-    slots = sched.slots_per_stage
-    self._slot_dim = Dimension(f"{stage_dim.name}_layers", slots) if slots > 1 else None
+    self._weights = weights
+    self._sides = sides
     eye = np.eye(stage_dim.size)
     self._first = io_ops.constant(mesh, eye[0], Shape([stage_dim]), dtype)
     self._not_first = io_ops.constant(mesh, 1 - eye[0], Shape([stage_dim]), dtype)
@@ -164,17 +188,43 @@ class _Ticks:
     return einsum_ops.einsum([piece, self._first], output_shape=Shape([self._stage_dim] + piece.shape.dims))
 
   def _run_tick(self, tick: int, h: Tensor) -> Tensor:
+    sides = self._tick_sides(tick)
+
     def stage_fn(h):
       for k in range(self._sched.layers_per_tick):
-        h = self._run_layer(tick, k, h)
+        h = self._run_layer(tick, k, h, sides)
       return h
     if self._recompute:
       return custom_gradient_ops.recompute_grad(stage_fn, [h])
     return stage_fn(h)
 
-  def _run_layer(self, tick: int, k: int, h: Tensor) -> Tensor:
+  def _tick_sides(self, tick: int) -> list:
+    """The side inputs as each stage sees them this tick: [stage, <dims of a microbatch>]."""
+    if not self._sides:
+      return []
+    sched = self._sched
+    micro_dim = self._sides[0].shape.get_dim_by_name(MICROBATCH_DIM_NAME)
+    choice = np.zeros([sched.num_stages, sched.num_microbatches])
+    for s in range(sched.num_stages):
+      work = sched.work(tick, s)
+      if work is not None:
+        choice[s, work[1]] = 1
+    selectors = {}
+    ret = []
+    for side in self._sides:
+      dtype = side.dtype if side.dtype.is_floating else tf.float32  # ids stay exact in float32
+      if dtype not in selectors:
+        selectors[dtype] = io_ops.constant(self._mesh, choice, Shape([self._stage_dim, micro_dim]), dtype)
+      value = side if side.dtype == dtype else elementwise_ops.cast(side, dtype)
+      picked = einsum_ops.einsum([value, selectors[dtype]], output_shape=Shape(
+          [self._stage_dim] + _without(side.shape, micro_dim).dims))
+      ret.append(picked if side.dtype == dtype else elementwise_ops.cast(picked, side.dtype))
+    return ret
+
+  def _run_layer(self, tick: int, k: int, h: Tensor, sides: list) -> Tensor:
     slots = self._slots(tick, k)
-    out = self._layer_fn(h, lambda name, shape, **kwargs: self._weight(slots, name, shape, **kwargs))
+    args = [h, lambda name, shape, **kwargs: self._weights.get(slots, name, shape, **kwargs)]
+    out = self._layer_fn(*args, sides) if self._sides else self._layer_fn(*args)
     if not isinstance(out, Tensor) or out.shape != h.shape:
       got = out.shape if isinstance(out, Tensor) else type(out).__name__
       raise ValueError(f"pipeline: layer_fn must return a Tensor of its input's shape {h.shape} (the "
@@ -188,10 +238,28 @@ class _Ticks:
     default = max(set(busy), key=busy.count) if busy else 0  # keeps the stages' slots alike if it can
     return [(default if r is None else r) * self._sched.layers_per_tick + k for r in rounds]
 
-  def _weight(self, slots: list, name: str, shape, **kwargs) -> Tensor:
+class _Weights:
+  """The layers' weights as each stage reads them at a tick: [stage_dim] + the weight's shape."""
+
+  def __init__(self, sched: PipelineSchedule, stage_dim: Dimension, mesh, outer_scope,
+               layer_scopes: Optional[Sequence[str]]):
+    self._sched = sched
+    self._stage_dim = stage_dim
+    self._mesh = mesh
+    self._outer_scope = outer_scope
+    self._scope_name = tf.get_variable_scope().name
+    self._layer_scopes = layer_scopes
+    slots = sched.slots_per_stage
+    self._slot_dim = Dimension(f"{stage_dim.name}_layers", slots) if slots > 1 else None
+
+  def get(self, slots: list, name: str, shape, **kwargs) -> Tensor:
+    """Each stage's slot `slots[stage]` of weight `name`."""
     shape = convert_to_shape(shape)
     stacked = [self._stage_dim] + ([self._slot_dim] if self._slot_dim else [])
-    w = variable_ops.get_variable(self._mesh, name, Shape(stacked + shape.dims), **kwargs)
+    if self._layer_scopes is None:
+      w = variable_ops.get_variable(self._mesh, name, Shape(stacked + shape.dims), **kwargs)
+    else:
+      w = self._layer_stack(name, shape, stacked, kwargs)
     if self._slot_dim is None:
       return w
     out_shape = Shape([self._stage_dim] + shape.dims)
@@ -201,6 +269,23 @@ class _Ticks:
     choice = np.eye(self._slot_dim.size)[slots]  # [stage, slot]: each stage's slot this tick
     selector = io_ops.constant(self._mesh, choice, Shape([self._stage_dim, self._slot_dim]), w.dtype)
     return einsum_ops.einsum([w, selector], output_shape=out_shape)
+
+  def _layer_stack(self, name: str, shape: Shape, stack_dims: list, kwargs: dict) -> Tensor:
+    """One variable per layer (in its layer scope), stacked in (stage, slot) order."""
+    stacked_name = f"{self._scope_name}/{name}"
+    existing = self._mesh.graph.name_to_variable.get(stacked_name)
+    if existing is not None:
+      return existing.outputs[0]
+    per_layer = []
+    with tf.variable_scope(self._outer_scope, auxiliary_name_scope=False):
+      for scope in self._layer_scopes:
+        with tf.variable_scope(scope):
+          per_layer.append(variable_ops.get_variable(self._mesh, name, shape, **kwargs).operation)
+    slots = self._sched.slots_per_stage
+    order = sorted(range(len(per_layer)),
+                   key=lambda layer: self._sched.layer_position(layer)[0] * slots
+                   + self._sched.layer_position(layer)[1])
+    return LayerStackVariable([per_layer[layer] for layer in order], stack_dims, stacked_name).outputs[0]
 
 
 def _without(shape: Shape, dim: Dimension) -> Shape:

@@ -9,7 +9,8 @@ the rest of the graph is untouched. Masters (what checkpoints hold) stay the ori
 from __future__ import annotations
 
 import collections
-from typing import Optional
+import math
+from typing import Optional, Sequence
 
 import tensorflow.compat.v1 as tf
 
@@ -18,25 +19,38 @@ from mesh_tensorflow._core.graph import register_graph_rewrite
 from mesh_tensorflow._ops import slicing
 from mesh_tensorflow._ops import variables as variable_ops
 
-__all__ = ["StackedVariable"]
+__all__ = ["StackedVariable", "LayerStackVariable"]
 
 
 class StackedVariable(variable_ops.Variable):
-  """Several same-shaped variables as one, with a new leading dimension `stacked`.
+  """Several same-shaped variables as one, with new leading dimensions (by default `stacked`).
 
   It owns no master: `get_master()` stacks the originals' masters and `assign_to_master`
   writes the pieces back, so checkpoints keep the original variable names.
+
+  Args:
+    vs: the mtf Variables, in stacking order (row-major over stack_dims).
+    stack_dims: the leading dimensions, whose sizes multiply to len(vs); default one `stacked`.
+    name: the stacked variable's name; default "stacked/" + the first one's.
   """
 
   is_stacked = True  # backends must never use get_master() (a tf.stack) as the slice variable
+  is_layer_stack = False  # made by the autostack rewrite (see LayerStackVariable)
 
-  def __init__(self, vs: list):
+  def __init__(self, vs: list, stack_dims: Optional[Sequence[Dimension]] = None,
+               name: Optional[str] = None):
     self._originals = list(vs)
-    shape = Shape([Dimension("stacked", len(vs))] + vs[0].shape.dims)
-    super().__init__(vs[0].mesh, "stacked/" + vs[0].name, shape, vs[0].dtype, None, vs[0].trainable)
+    self._stack_dims = list(stack_dims or [Dimension("stacked", len(vs))])
+    if math.prod(d.size for d in self._stack_dims) != len(vs):
+      raise ValueError(f"StackedVariable: stack dimensions {self._stack_dims} hold "
+                       f"{math.prod(d.size for d in self._stack_dims)} variables, got {len(vs)}.")
+    shape = Shape(self._stack_dims + vs[0].shape.dims)
+    super().__init__(vs[0].mesh, name or "stacked/" + vs[0].name, shape, vs[0].dtype, None,
+                     vs[0].trainable)
 
   def _create_master(self, mesh, name, shape, initializer, trainable, **kwargs):
     self._name = name
+    self._master = None
 
   @property
   def originals(self) -> list:
@@ -48,15 +62,52 @@ class StackedVariable(variable_ops.Variable):
     return [v.name for v in self._originals]
 
   @property
+  def stack_dims(self) -> list:
+    """The leading dimensions that index the originals."""
+    return list(self._stack_dims)
+
+  @property
   def master_device(self) -> str:
     return self._originals[0].master_device
 
   def get_master(self):
     with tf.device(self.master_device):
-      return tf.stack([v.get_master() for v in self._originals])
+      return tf.reshape(tf.stack([v.get_master() for v in self._originals]), self.shape.to_integer_list)
 
   def assign_to_master(self, val):
-    return tf.group([v.assign_to_master(piece) for v, piece in zip(self._originals, tf.unstack(val))])
+    pieces = tf.unstack(tf.reshape(val, [len(self._originals)] + self._originals[0].shape.to_integer_list))
+    return tf.group([v.assign_to_master(piece) for v, piece in zip(self._originals, pieces)])
+
+
+class LayerStackVariable(StackedVariable):
+  """One weight of every layer of a stack (mtf.pipeline), stacked over the stages.
+
+  The originals (one per layer, named and shaped as an unstacked model names them) leave the
+  graph: only this variable is lowered, trained and given optimizer state, while checkpoints
+  hold the originals' masters, so a checkpoint moves between stacked and unstacked models.
+  Optimizers treat the stack dimensions as separate variables (see optimize's slot_variable).
+  """
+
+  is_layer_stack = True
+
+  def get_master(self):
+    if self._master_holder is not None:  # sliced masters: the stack itself holds the values
+      return self._master_holder.master_value()
+    return super().get_master()
+
+  def assign_to_master(self, val):
+    if self._master_holder is not None:
+      return self._master_holder.assign_master(val)
+    return super().assign_to_master(val)
+
+  def __init__(self, vs: list, stack_dims: Sequence[Dimension], name: str):
+    super().__init__(vs, stack_dims, name)
+    graph = self.graph
+    for v in vs:
+      for members in (graph.operations, graph.all_variables, graph.trainable_variables):
+        if v in members:
+          members.remove(v)
+    graph.name_to_variable[name] = self
 
 
 def rewrite_stack_variables(graph, max_combined_variable_size: Optional[int] = 2 ** 29,
@@ -68,7 +119,7 @@ def rewrite_stack_variables(graph, max_combined_variable_size: Optional[int] = 2
   Assign ops are rewritten to assign one stack(...) of the new values to the stacked variable.
   """
   operations = list(graph.operations)
-  if any(isinstance(op, StackedVariable) for op in operations):
+  if any(isinstance(op, StackedVariable) and not op.is_layer_stack for op in operations):
     raise ValueError("rewrite_stack_variables: this graph's variables are already stacked; it may be "
                      "called once per graph (Lowering(autostack=True) calls it: lower the graph "
                      "again with autostack=False).")
@@ -85,7 +136,7 @@ def rewrite_stack_variables(graph, max_combined_variable_size: Optional[int] = 2
 
   similar = collections.defaultdict(collections.deque)
   for v in graph.all_variables:
-    similar[key(v)].append(v)
+    similar[(v.is_layer_stack, v) if v.is_stacked else key(v)].append(v)  # a layer stack stays whole
 
   # Rebuild the op and variable lists in place; new ops append themselves to graph.operations.
   graph.operations.clear()
@@ -96,7 +147,7 @@ def rewrite_stack_variables(graph, max_combined_variable_size: Optional[int] = 2
     if isinstance(op, variable_ops.Variable):
       if op in stacked_of:
         continue
-      group = similar[key(op)]
+      group = similar[(op.is_layer_stack, op) if op.is_stacked else key(op)]
       n = _num_to_stack(op, len(group), max_combined_variable_size, max_combined_slice_size,
                         mesh_to_impl)
       to_stack = [group.popleft() for _ in range(n)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Optional
 
 import numpy as np
@@ -13,7 +14,7 @@ from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._lowering.tf_helpers import outside_all_rewrites
 
 __all__ = [
-    "VariableDType", "Variable", "get_variable", "ReadVariable", "read_variable", "Assign",
+    "VariableDType", "Variable", "get_variable", "intercept_get_variable", "ReadVariable", "read_variable", "Assign",
     "assign", "assign_add", "assign_sub", "assign_slice", "assign_add_slice", "assign_sub_slice",
 ]
 
@@ -54,6 +55,8 @@ class Variable(Operation):
   """A trainable (or not) mtf variable; its op name is the master variable's name."""
 
   is_not_cloned = True  # recomputation reuses variables
+  is_stacked = False  # a StackedVariable (stacking.py) is several variables in one
+  is_layer_stack = False
 
   def __init__(self, mesh, name: str, shape: Shape, dtype: VariableDType, initializer, trainable: bool,
                **kwargs):
@@ -212,6 +215,10 @@ def get_variable(mesh, name: str, shape, dtype=tf.float32, master_dtype=None, sl
   Example:
     w = mtf.get_variable(mesh, "w", [d_model, d_ff], initializer=tf.zeros_initializer())
   """
+  if _interceptors:
+    return _intercepted(mesh, name, shape, dtype=dtype, master_dtype=master_dtype, slice_dtype=slice_dtype,
+                        activation_dtype=activation_dtype, initializer=initializer, trainable=trainable,
+                        **kwargs)
   if dtype is None:
     dtype = VariableDType(master_dtype or tf.float32, slice_dtype, activation_dtype)
   elif isinstance(dtype, tf.DType):
@@ -236,6 +243,32 @@ def get_variable(mesh, name: str, shape, dtype=tf.float32, master_dtype=None, sl
         f"variable of that name. Build each mtf graph in a fresh tf.Graph, or use another name.")
   mesh.graph.name_to_variable[full_name] = var
   return var.outputs[0]
+
+
+_interceptors = []  # intercept_get_variable's functions, innermost last
+
+
+@contextlib.contextmanager
+def intercept_get_variable(fn: Callable):
+  """Within it, `mtf.get_variable(mesh, name, shape, **kwargs)` returns fn(mesh, name, shape, **kwargs).
+
+  This is how code that makes its variables with mtf.get_variable (the Transformer's layers)
+  runs inside mtf.pipeline, which gives each layer's weight a stage dimension. fn may call
+  mtf.get_variable itself: that call goes to the next outer interceptor, or makes the variable.
+  """
+  _interceptors.append(fn)
+  try:
+    yield
+  finally:
+    _interceptors.pop()
+
+
+def _intercepted(mesh, name, shape, **kwargs):
+  fn = _interceptors.pop()
+  try:
+    return fn(mesh, name, shape, **kwargs)
+  finally:
+    _interceptors.append(fn)
 
 
 class ReadVariable(Operation):

@@ -84,11 +84,13 @@ class AdafactorOptimizer(base.Optimizer):
   def _learning_rate_for(self, var):
     return self._learning_rate
 
-  def _factored_dims(self, shape: mtf.Shape) -> Optional[list]:
-    """[d0, d1], the two largest non-stacked dims, if the second has >= min_dim_size_to_factor; else None."""
-    if not self._factored or shape.ndims < 2:
+  def _factored_dims(self, shape: mtf.Shape, layer_dims=()) -> Optional[list]:
+    """[d0, d1], the two largest non-stacked dims, if the second has >= min_dim_size_to_factor;
+    else None. layer_dims (a layer stack's) are never factored: each layer is factored alone."""
+    own_dims = [d for d in shape.dims if d not in layer_dims]
+    if not self._factored or len(own_dims) < 2:
       return None
-    sorted_dims = sorted(shape.dims, key=lambda d: -d.size)
+    sorted_dims = sorted(own_dims, key=lambda d: -d.size)
     sorted_dims = [d for d in sorted_dims if d.name not in self._stacked_dim_names]
     if len(sorted_dims) < 2 or sorted_dims[1].size < self._min_dim_size_to_factor:
       return None
@@ -96,9 +98,7 @@ class AdafactorOptimizer(base.Optimizer):
 
   def _parameter_scale(self, var) -> mtf.Tensor:
     """max(rms(var), epsilon2): the floor lets zero-initialised variables move."""
-    if isinstance(var, mtf.Variable):
-      var = var.value
-    return mtf.maximum(base.reduce_rms(mtf.to_float(var)), self._epsilon2)
+    return mtf.maximum(base.reduce_rms_per_layer(mtf.to_float(var.value), var), self._epsilon2)
 
   def _uses_parameter_scale(self, var) -> bool:
     return self._multiply_by_parameter_scale and not any(
@@ -109,7 +109,7 @@ class AdafactorOptimizer(base.Optimizer):
       return []
     var = base.as_variable(var)
     grad = mtf.to_float(grad)
-    factored_dims = self._factored_dims(var.shape)
+    factored_dims = self._factored_dims(var.shape, base.layer_dims(var))
     if factored_dims:
       d0, d1 = factored_dims
       vr = base.slot_variable(var, "_slot_vr", var.shape - d0)
@@ -140,7 +140,7 @@ class AdafactorOptimizer(base.Optimizer):
         updates.append(mtf.assign(v, new_v))
         x = grad * mtf.rsqrt(new_v)
       if self._clipping_threshold is not None:
-        x /= mtf.maximum(1.0, base.reduce_rms(x) / self._clipping_threshold)
+        x /= mtf.maximum(1.0, base.reduce_rms_per_layer(x, var) / self._clipping_threshold)
       subtrahend = x * update_scale
       if self._beta1:
         subtrahend = m * self._beta1 + subtrahend * (1.0 - self._beta1)

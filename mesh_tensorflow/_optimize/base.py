@@ -24,6 +24,17 @@ def reduce_rms(x: mtf.Tensor, **kwargs) -> mtf.Tensor:
   return mtf.sqrt(mtf.reduce_mean(mtf.square(x), **kwargs))
 
 
+def layer_dims(var: mtf.Variable) -> list:
+  """The dimensions that index separate layers' weights: a LayerStackVariable's stack dims."""
+  return var.stack_dims if var.is_layer_stack else []
+
+
+def reduce_rms_per_layer(x: mtf.Tensor, var: mtf.Variable) -> mtf.Tensor:
+  """reduce_rms of x (shaped like var) over everything but var's layer dims: a layer stack's
+  layers get the statistic each would get unstacked."""
+  return reduce_rms(x, output_shape=mtf.Shape(layer_dims(var)))
+
+
 def to_update_dtype(x: mtf.Tensor) -> mtf.Tensor:
   """Returns x in float32 if it is a 16-bit float: updates computed in bfloat16 lose small steps."""
   if x.dtype in (tf.bfloat16, tf.float16):
@@ -52,9 +63,23 @@ def as_variable(var) -> mtf.Variable:
 
 def slot_variable(var: mtf.Variable, suffix: str, shape: Optional[mtf.Shape] = None,
                   dtype=tf.float32) -> mtf.Tensor:
-  """Zero-initialised untrainable state `var.name + suffix` (reused if it exists), var's shape by default."""
-  return mtf.get_variable(var.mesh, var.name + suffix, var.shape if shape is None else shape,
-                          dtype=dtype, initializer=tf.zeros_initializer(), trainable=False)
+  """Zero-initialised untrainable state `var.name + suffix` (reused if it exists), var's shape by default.
+
+  A LayerStackVariable's state is a layer stack too: one variable per layer, named after that
+  layer's variable, so a checkpoint's optimizer state moves between stacked and unstacked models.
+  """
+  shape = var.shape if shape is None else shape
+  if not var.is_layer_stack:
+    return mtf.get_variable(var.mesh, var.name + suffix, shape, dtype=dtype,
+                            initializer=tf.zeros_initializer(), trainable=False)
+  existing = var.graph.name_to_variable.get(var.name + suffix)
+  if existing is not None:
+    return existing.outputs[0]
+  per_layer_shape = shape - var.stack_dims
+  per_layer = [mtf.get_variable(var.mesh, v.name + suffix, per_layer_shape, dtype=dtype,
+                                initializer=tf.zeros_initializer(), trainable=False).operation
+               for v in var.originals]
+  return mtf.LayerStackVariable(per_layer, var.stack_dims, var.name + suffix).outputs[0]
 
 
 def warn_if_no_gradient(grad, var) -> bool:

@@ -13,7 +13,8 @@ import gin
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer._context import Context, TransformerLayer
+from mesh_tensorflow.transformer._context import Context, ModeKeys, TransformerLayer
+from mesh_tensorflow.transformer import _pipelined_stack
 
 GIN_MODULE = "mesh_tensorflow.transformer.transformer"
 
@@ -183,13 +184,26 @@ class LayerStack(TransformerLayer):
   Either give the sublayer lists (or let gin give them), or give both dropout_rate and
   norm_epsilon for the legacy fixed block (legacy dropout, legacy rms norm, call, dropout,
   residual).
+
+  Pipeline parallelism (training and evaluation; decoding runs the layers one after another):
+  pipeline_stages = S runs the stack's blocks (make_layer_stack's `block_XXX`, which must be
+  alike) with mtf.pipeline over a stage dimension `pipeline_stage_dim_name`:S, which a layout
+  rule such as "stages:stage" splits; the batch is cut into num_microbatches. The variables keep
+  the unpipelined names and shapes, so checkpoints move between pipelined and unpipelined
+  layouts. pipeline_schedule, layers_per_stage_per_round (circular) and recompute_grads (per
+  tick) go to mtf.pipeline; see docs/pipeline.md.
   """
 
   def __init__(self, layers, sublayers_initial=None, sublayers_per_layer=None, sublayers_final=None,
                dropout_rate: Optional[float] = None, norm_epsilon: Optional[float] = None,
-               recompute_grads: bool = False):
+               recompute_grads: bool = False, pipeline_stages: Optional[int] = None,
+               num_microbatches: int = 1, pipeline_schedule: str = "fill_drain",
+               layers_per_stage_per_round: int = 1, pipeline_stage_dim_name: str = "stages"):
     self._layers = list(layers)
     self._recompute_grads = recompute_grads
+    self._pipeline = None if pipeline_stages is None else _pipelined_stack.PipelineOptions(
+        pipeline_stages, num_microbatches, pipeline_schedule, layers_per_stage_per_round,
+        pipeline_stage_dim_name)
     self.dropout_rate = dropout_rate
     self.norm_epsilon = norm_epsilon
     if (dropout_rate is None) != (norm_epsilon is None):
@@ -213,18 +227,26 @@ class LayerStack(TransformerLayer):
     """Initial sublayers, every layer (in its variable scope), final sublayers, padding masked."""
     x = self._call_sublayers(self._sublayers_initial, x, context)
     context.layer_outputs.append(x)
-    for lnum, layer in enumerate(self._layers):
-      with tf.variable_scope(layer.name or ""):
-        if self._recompute_grads:
-          x = mtf.recompute_grad(lambda x, layer=layer: self._layer_fn(x, layer, context), [x])
-        else:
-          x = self._layer_fn(x, layer, context)
-      if lnum != len(self._layers) - 1:
-        context.layer_outputs.append(x)
-      context.layer_index += 1
+    if self._pipeline is not None and context.mode in (ModeKeys.TRAIN, ModeKeys.EVAL):
+      x = _pipelined_stack.call_pipelined(self, self._pipeline, context, x)
+    else:
+      x = self._call_layers(context, x)
     x = self._call_sublayers(self._sublayers_final, x, context)
     x = sublayer_mask_padding(x, self, context)
     context.layer_outputs.append(x)
+    return x
+
+  def _call_layers(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
+    """Every layer in its variable scope, one after another."""
+    for lnum, layer in enumerate(self._layers):
+      with tf.variable_scope(layer.name or ""):
+        if self._recompute_grads:
+          x = mtf.recompute_grad(lambda x, layer=layer: self.layer_fn(x, layer, context), [x])
+        else:
+          x = self.layer_fn(x, layer, context)
+      if lnum != len(self._layers) - 1:
+        context.layer_outputs.append(x)
+      context.layer_index += 1
     return x
 
   def _call_sublayers(self, sublayers, x, context):
@@ -232,7 +254,11 @@ class LayerStack(TransformerLayer):
       x = s(x, self, context)
     return x
 
-  def _layer_fn(self, x, layer, context):
+  @property
+  def recompute_grads(self) -> bool:
+    return self._recompute_grads
+
+  def layer_fn(self, x, layer, context):
     """One layer with its per-layer sublayers; the output must have x's shape."""
     context.current_layer = layer
     context.current_layer_input = x
@@ -268,7 +294,7 @@ class ReversibleLayerStack(LayerStack):
       with tf.variable_scope(layer.name or ""):
         x1, x1_backwards, x2, x2_backwards = mtf.layers.reversible_half_residual_and_swap(
             x1, x1_backwards, x2, x2_backwards,
-            lambda x, layer=layer: self._layer_fn(x, layer, context),
+            lambda x, layer=layer: self.layer_fn(x, layer, context),
             recompute_grads=self._recompute_grads)
       if lnum != len(self._layers) - 1:
         context.layer_outputs.append(x2)

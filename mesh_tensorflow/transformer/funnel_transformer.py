@@ -89,7 +89,7 @@ class FunnelTransformerLayerStack(transformer.LayerStack):
             layer.set_name(f"funnel_block_{block_idx:03d}/param_idx_{param_idx:03d}/"
                            f"submodule_{submodule_idx:03d}")
             with tf.variable_scope(layer.name):
-              x = self._layer_fn(x, layer, context)
+              x = self.layer_fn(x, layer, context)
             if (block_idx < self.n_blocks - 1 and param_idx == self.block_param_size[block_idx] - 1
                 and repeat_idx == self.block_repeat_size[block_idx] - 1
                 and submodule_idx == self.n_submodules - 1):

@@ -142,9 +142,15 @@ def _parse_layout(name, extra=""):
   mesh_shape = mtf.convert_to_shape(gin.query_parameter("utils.run.mesh_shape"))
   layout_rules = mtf.convert_to_layout_rules(gin.query_parameter("utils.run.layout_rules"))
   heads = _mesh_dim_size(mesh_shape, layout_rules, "heads", 2)
+  microbatches = 1
+  try:  # a pipelined layout needs a block per stage, and a batch its microbatches can share
+    extra += f"\nnum_layers = {gin.query_parameter('transformer.LayerStack.pipeline_stages')}\n"
+    microbatches = gin.query_parameter("transformer.LayerStack.num_microbatches")
+  except ValueError:
+    pass
   gin.clear_config()
   _parse(name, bindings=SMALL_SIZES + f"num_heads = {heads}\nd_ff = {4 * heads}\n" + extra)
-  return mesh_shape, layout_rules, _mesh_dim_size(mesh_shape, layout_rules, "batch", 1)
+  return mesh_shape, layout_rules, microbatches * _mesh_dim_size(mesh_shape, layout_rules, "batch", 1)
 
 
 @pytest.mark.parametrize("name", LAYOUT_FILES)
@@ -154,7 +160,8 @@ def test_layout_file_splits_a_built_model_evenly(name):
   impl = model_fn.make_mesh_impl(mesh_shape, layout_rules)
   split = {d.name for op in graph.operations for t in op.outputs for d in t.shape.dims
            if impl.tensor_dimension_to_mesh_axis(d) is not None}
-  ruled = {tensor_dim for tensor_dim, _ in layout_rules} & {"outer_batch", "batch", "heads", "d_ff", "vocab"}
+  ruled = {tensor_dim for tensor_dim, _ in layout_rules} & {"outer_batch", "batch", "heads", "d_ff", "vocab",
+                                                           "stages"}
   assert split == ruled
 
 
@@ -166,11 +173,31 @@ def test_cpu_layout_file_lowers_and_runs_on_8_virtual_cpus():
   assert log_likelihood.shape == (BATCH,) and np.all(np.isfinite(log_likelihood))
 
 
+def test_cpu_pipeline_layout_file_pipelines_the_stack_and_runs_on_8_virtual_cpus():
+  mesh_shape, layout_rules, _ = _parse_layout("layouts/cpu8_pipeline.gin")
+  assert mesh_shape == mtf.convert_to_shape("stage:2;batch:2;model:2")
+  model = _build(layout_rules, mesh_shape)
+  graph = _build_graph(model, mesh_shape, layout_rules)
+  assert any(v.is_layer_stack and v.shape.dims[0] == mtf.Dimension("stages", 2) for v in graph.all_variables)
+  log_likelihood = _lower_and_run(model, mesh_shape, layout_rules, gin.query_parameter("utils.run.mesh_devices"))
+  assert log_likelihood.shape == (BATCH,) and np.all(np.isfinite(log_likelihood))
+
+
 def test_transparent_attention_file_sets_six_layers_per_stack_as_upstream():
   _parse("transparent_attention.gin")
   assert gin.query_parameter("transformer.make_layer_stack.num_layers") == 6
   assert [layer.selector for layer in gin.query_parameter("encoder/transformer.make_layer_stack.layers")] == [
       "transformer_layers.SelfAttention", "transformer_layers.DenseReluDense"]
+
+
+def test_cpu_pipeline_layout_file_pipelines_the_stack_and_runs_on_8_virtual_cpus():
+  mesh_shape, layout_rules, _ = _parse_layout("layouts/cpu8_pipeline.gin")
+  assert mesh_shape == mtf.convert_to_shape("stage:2;batch:2;model:2")
+  model = _build(layout_rules, mesh_shape)
+  graph = _build_graph(model, mesh_shape, layout_rules)
+  assert any(v.is_layer_stack and v.shape.dims[0] == mtf.Dimension("stages", 2) for v in graph.all_variables)
+  log_likelihood = _lower_and_run(model, mesh_shape, layout_rules, gin.query_parameter("utils.run.mesh_devices"))
+  assert log_likelihood.shape == (BATCH,) and np.all(np.isfinite(log_likelihood))
 
 
 def test_transparent_attention_file_builds_a_bitransformer():

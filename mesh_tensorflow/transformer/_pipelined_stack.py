@@ -1,0 +1,104 @@
+"""A LayerStack's blocks run as an mtf.pipeline (LayerStack(pipeline_stages=...)).
+
+The stack's blocks (`block_000/...`, `block_001/...`, made by make_layer_stack) must be alike:
+block 0's layers are the template the pipeline runs for every stage. Their mtf.get_variable
+calls are intercepted and become per-layer variables under the unpipelined names
+(`block_007/layer_000/SelfAttention/q`), stacked over the stages. The context's tensors with a
+batch dimension (sequence ids, positions, the encoder's output, ...) travel with the
+microbatches as the pipeline's side inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow.compat.v1 as tf
+
+import mesh_tensorflow as mtf
+
+# Context attributes a layer may read that hold the batch dimension.
+_BATCHED_CONTEXT_ATTRIBUTES = ("position", "sequence_id", "subsequence_id", "inputs", "encoder_output",
+                               "encoder_sequence_id", "encoder_inputs")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineOptions:
+  """A LayerStack's pipeline settings (see LayerStack)."""
+
+  num_stages: int
+  num_microbatches: int
+  schedule: str
+  layers_per_round: int
+  stage_dim_name: str
+
+
+def blocks_of(layers: list) -> list:
+  """The layers grouped by block ([[block 0's layers], ...]), checked to be alike."""
+  blocks, names = {}, {}
+  for layer in layers:
+    block, _, rest = (layer.name or "").partition("/")
+    if not block.startswith("block_") or not rest:
+      raise ValueError(
+          f"LayerStack(pipeline_stages=...): layer {layer.name!r} is not in a block; a pipeline runs "
+          f"alike blocks, so build the stack with make_layer_stack(..., block_scope=True), which "
+          f"names every layer 'block_XXX/<name>'.")
+    blocks.setdefault(block, []).append(layer)
+    names.setdefault(block, []).append((rest, type(layer)))
+  first = next(iter(names.values()))
+  for block, block_names in names.items():
+    if block_names != first:
+      raise ValueError(
+          f"LayerStack(pipeline_stages=...): block {block!r} holds layers {block_names}, but the first "
+          f"block holds {first}; every stage runs the same block, so the blocks must be alike.")
+  return list(blocks.values())
+
+
+def call_pipelined(stack, options: PipelineOptions, context, x: mtf.Tensor) -> mtf.Tensor:
+  """stack's layers on x, as a pipeline of options.num_stages stages."""
+  blocks = blocks_of(stack.layers)
+  batch_dim = _batch_dim(context, x)
+  sides = [(name, getattr(context, name)) for name in _BATCHED_CONTEXT_ATTRIBUTES
+           if _is_batched(getattr(context, name, None), batch_dim)
+           and not (name == "position" and context.position_is_default)]
+  template = blocks[0]
+
+  def layer_fn(h, get_variable, side_values=()):
+    root = tf.get_variable_scope().name
+
+    def redirect(mesh, name, shape, **kwargs):
+      del mesh
+      within = tf.get_variable_scope().name[len(root) + 1:]
+      return get_variable(f"{within}/{name}" if within else name, shape, **kwargs)
+
+    saved = {name: getattr(context, name) for name, _ in sides}
+    for (name, _), value in zip(sides, side_values):
+      setattr(context, name, value)
+    try:
+      with mtf.intercept_get_variable(redirect):
+        for layer in template:
+          with tf.variable_scope(layer.name.partition("/")[2]):
+            h = stack.layer_fn(h, layer, context)
+    finally:
+      for name, value in saved.items():
+        setattr(context, name, value)
+    return h
+
+  y = mtf.pipeline(
+      layer_fn, x, len(blocks), mtf.Dimension(options.stage_dim_name, options.num_stages), batch_dim,
+      options.num_microbatches, schedule=options.schedule, layers_per_round=options.layers_per_round,
+      recompute=stack.recompute_grads, side_inputs=[value for _, value in sides],
+      layer_scopes=[block[0].name.partition("/")[0] for block in blocks])
+  context.layer_index += len(stack.layers)
+  return y
+
+
+def _batch_dim(context, x: mtf.Tensor) -> mtf.Dimension:
+  for dim in context.batch_dims:
+    if dim in x.shape.dims:
+      return dim
+  raise ValueError(f"LayerStack(pipeline_stages=...): the input {x.shape} has none of the batch "
+                   f"dimensions {context.batch_dims}, which the pipeline cuts into microbatches.")
+
+
+def _is_batched(value, batch_dim: mtf.Dimension) -> bool:
+  return isinstance(value, mtf.Tensor) and batch_dim in value.shape.dims
