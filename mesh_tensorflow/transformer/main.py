@@ -38,6 +38,10 @@ flags.DEFINE_string("tpu_zone", None, "Zone of the TPU.")
 flags.DEFINE_multi_string("module_import", None, "Modules to import first (e.g. with gin configurables).")
 flags.DEFINE_integer("num_cpu_devices", 8, "Virtual CPU devices to split the host CPU into (cpu:N meshes).")
 flags.DEFINE_boolean("verbose", False, "Show TensorFlow's own log lines and warnings.")
+flags.DEFINE_boolean("traceback", False, "On an error, also show the Python traceback.")
+flags.DEFINE_boolean("restore_fallback", False,
+                     "Resume from the newest readable checkpoint when the latest cannot be read (gin: "
+                     "restore_fallback.enabled); off: such a run stops, naming the file.")
 FLAGS = flags.FLAGS
 
 
@@ -89,9 +93,23 @@ def main(argv) -> None:
   except app.UsageError as e:
     sys.exit(f"Error: {e}")  # alone: absl would print the whole usage text before it
   write_command_line(FLAGS.model_dir, sys.argv[1:])
-  utils.parse_gin_defaults_and_flags()
-  utils.run(tpu_job_name=FLAGS.tpu_job_name, tpu=FLAGS.tpu, gcp_project=FLAGS.gcp_project,
-            tpu_zone=FLAGS.tpu_zone, model_dir=FLAGS.model_dir)
+  if FLAGS.restore_fallback:
+    FLAGS.gin_param = list(FLAGS.gin_param or []) + ["restore_fallback.enabled = True"]
+  try:
+    utils.parse_gin_defaults_and_flags()
+    utils.run(tpu_job_name=FLAGS.tpu_job_name, tpu=FLAGS.tpu, gcp_project=FLAGS.gcp_project,
+              tpu_zone=FLAGS.tpu_zone, model_dir=FLAGS.model_dir)
+  except Exception as e:  # every library error ends as one line (--traceback: with its traceback)
+    if FLAGS.traceback:
+      raise
+    sys.exit(one_line_error(e))
+
+
+def one_line_error(error: Exception) -> str:
+  """`Error (Type): message` without the lines gin adds (`In call to configurable ...`)."""
+  lines = [line for line in str(error).splitlines()
+           if line.strip() and not line.lstrip().startswith("In call to configurable")]
+  return f"Error ({type(error).__name__}): {' '.join(lines)} (--traceback shows where it was raised)"
 
 
 HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")

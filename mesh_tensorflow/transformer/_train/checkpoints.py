@@ -21,9 +21,11 @@ import os
 import re
 from typing import Callable, Optional, Sequence
 
+import gin
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._lowering import random_stream
+from mesh_tensorflow.transformer._utils import GIN_MODULE
 from mesh_tensorflow._tf_compat import saveable_object, saveable_object_util
 
 CHECKPOINT_PREFIX = "model.ckpt"
@@ -223,8 +225,47 @@ def restore_checkpoint(session, path: str, variables: Sequence, saver=None,
   except (tf.errors.DataLossError, tf.errors.NotFoundError, tf.errors.OutOfRangeError) as e:
     files = sorted(tf.io.gfile.glob(path + ".*"))
     raise CheckpointCorruptError(
-        f"Checkpoint {path} cannot be read: {e.message.splitlines()[0]}. Its files: {files}. Restore "
-        f"them from a backup, or delete them (the run then resumes from the checkpoint before).") from None
+        f"Checkpoint {path} cannot be read: {unreadable_reason(path) or e.message.splitlines()[0]}. Its "
+        f"files: {files}. Restore them from a backup, or run again with --restore_fallback (gin: "
+        f"restore_fallback.enabled = True) to resume from the newest readable checkpoint.") from None
+
+
+def unreadable_reason(path: str) -> Optional[str]:
+  """Why checkpoint `path` cannot be read (every tensor is read, so checksums are checked), or None."""
+  try:
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)
+  except (tf.errors.OpError, ValueError) as e:
+    return str(getattr(e, "message", e)).splitlines()[0]
+  return None
+
+
+@gin.configurable("restore_fallback", module=GIN_MODULE)
+def restore_fallback(enabled: bool = False) -> bool:
+  """Whether training resumes from the newest readable checkpoint when the latest cannot be read
+  (off by default, so that no checkpoint is passed over without a person deciding it)."""
+  return bool(enabled)
+
+
+def resume_checkpoint(model_dir: str, fallback: bool, print_fn: Callable = print) -> Optional[str]:
+  """The checkpoint a training run resumes from: the latest; with `fallback`, the newest one that
+  reads back whole, saying which newer ones are skipped and why."""
+  latest = latest_checkpoint(model_dir)
+  if not fallback or latest is None:
+    return latest
+  newest = get_step_from_checkpoint_path(latest)
+  candidates = [p for p in list_checkpoints(model_dir) if get_step_from_checkpoint_path(p) <= newest]
+  reasons = []
+  for path in reversed(candidates):
+    reason = unreadable_reason(path)
+    if reason is None:
+      return path
+    reasons.append(reason)
+    print_fn(f"Skipping {path} (restore_fallback): it cannot be read: {reason}.")
+  raise CheckpointCorruptError(
+      f"No checkpoint in {model_dir} can be read ({len(reasons)} tried, newest first: {reasons[:2]}). "
+      f"Restore them from a backup, or train in a new model_dir.")
 
 
 def write_atomically(path: str, text: str) -> None:

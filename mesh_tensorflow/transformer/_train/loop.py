@@ -127,8 +127,9 @@ def guarded_model_dir(model_dir: str, print_fn: Callable = print):
   """Yields (latest checkpoint or None, StopRequest) for a training run of model_dir.
 
   Holds model_dir's lock (a second run is refused), removes what interrupted saves left, says
-  which incomplete checkpoints are skipped; SIGTERM / SIGINT meanwhile only set the StopRequest
-  (the loop saves a checkpoint and stops), and take their usual effect afterwards.
+  which incomplete checkpoints (and, with restore_fallback, unreadable ones) are skipped;
+  SIGTERM / SIGINT meanwhile only set the StopRequest (the loop saves a checkpoint and stops),
+  and take their usual effect afterwards.
   """
   tf.io.gfile.makedirs(model_dir)
   with guards.model_dir_lock(model_dir), guards.stop_requests() as stop:
@@ -136,7 +137,7 @@ def guarded_model_dir(model_dir: str, print_fn: Callable = print):
       print_fn(f"Removed {leftover}, left by an interrupted checkpoint save.")
     for message in checkpoints.skipped_checkpoints(model_dir):
       print_fn(message)
-    yield checkpoints.latest_checkpoint(model_dir), stop
+    yield checkpoints.resume_checkpoint(model_dir, checkpoints.restore_fallback(), print_fn), stop
   if stop.signum is not None:
     stop.resend()
 
