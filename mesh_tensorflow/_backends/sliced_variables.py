@@ -343,7 +343,7 @@ class LayerStackPart(_PartStandIn):
 class _StackMember:
   """The master holder of a layer of a sliced layer stack: that layer's piece of the stack."""
 
-  def __init__(self, stack_holder: "_SlicedVariable", index: int):
+  def __init__(self, stack_holder: _SlicedVariable, index: int):
     self._stack_holder = stack_holder
     self._index = index
 

@@ -132,7 +132,7 @@ class _Ticks:
   """Builds the schedule's ticks, one after another, for one pipeline call."""
 
   def __init__(self, layer_fn: Callable, sched: PipelineSchedule, stage_dim: Dimension, mesh,
-               dtype, recompute: bool, weights: "_Weights", sides: list):
+               dtype, recompute: bool, weights: _Weights, sides: list):
     self._layer_fn = layer_fn
     self._sched = sched
     self._stage_dim = stage_dim

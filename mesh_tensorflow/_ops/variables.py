@@ -14,7 +14,8 @@ from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._lowering.tf_helpers import outside_all_rewrites
 
 __all__ = [
-    "VariableDType", "Variable", "get_variable", "intercept_get_variable", "ReadVariable", "read_variable", "Assign",
+    "VariableDType", "Variable", "get_variable", "intercept_get_variable", "ReadVariable", "read_variable",
+    "Assign",
     "assign", "assign_add", "assign_sub", "assign_slice", "assign_add_slice", "assign_sub_slice",
 ]
 

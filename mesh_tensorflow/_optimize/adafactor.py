@@ -85,8 +85,10 @@ class AdafactorOptimizer(base.Optimizer):
     return self._learning_rate
 
   def _factored_dims(self, shape: mtf.Shape, layer_dims=()) -> Optional[list]:
-    """[d0, d1], the two largest non-stacked dims, if the second has >= min_dim_size_to_factor;
-    else None. layer_dims (a layer stack's) are never factored: each layer is factored alone."""
+    """[d0, d1], the two largest non-stacked dims if the second has >= min_dim_size_to_factor, else None.
+
+    layer_dims (a layer stack's) are never factored: each layer is factored alone.
+    """
     own_dims = [d for d in shape.dims if d not in layer_dims]
     if not self._factored or len(own_dims) < 2:
       return None

@@ -30,8 +30,10 @@ def layer_dims(var: mtf.Variable) -> list:
 
 
 def reduce_rms_per_layer(x: mtf.Tensor, var: mtf.Variable) -> mtf.Tensor:
-  """reduce_rms of x (shaped like var) over everything but var's layer dims: a layer stack's
-  layers get the statistic each would get unstacked."""
+  """reduce_rms of x (shaped like var) over everything but var's layer dims.
+
+  A layer stack's layers so get the statistic each would get unstacked.
+  """
   return reduce_rms(x, output_shape=mtf.Shape(layer_dims(var)))
 
 
