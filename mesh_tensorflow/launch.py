@@ -14,7 +14,8 @@ from typing import Optional, Sequence
 
 from mesh_tensorflow._launch.launcher import Launch, free_ports, tf_configs  # noqa: F401
 
-USAGE = "%(prog)s --num_processes N [--devices_per_process M] [--timeout S] -- command [arg ...]"
+USAGE = ("%(prog)s --num_processes N [--devices_per_process M] [--timeout S] [--max_restarts K "
+         "[--checkpoint_dir DIR]] -- command [arg ...]")
 EXAMPLE = ("example: %(prog)s --num_processes 2 --devices_per_process 4 -- python train.py\n"
            "(a command starting with `python` runs with the launcher's own interpreter)")
 
@@ -32,10 +33,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="devices each task gives the mesh (virtual CPUs, or GPUs)")
   parser.add_argument("--timeout", type=float, default=None, metavar="S",
                       help="seconds a collective waits for a lost peer before failing (default 60)")
+  parser.add_argument("--max_restarts", type=int, default=0, metavar="K",
+                      help="when a task fails, stop all and start them again (they resume from their "
+                           "latest checkpoint), at most K times; none before any task finished a step")
+  parser.add_argument("--checkpoint_dir", default=None, metavar="DIR",
+                      help="where the tasks' checkpoints are (named in the restart lines)")
   args = parser.parse_args(flags)
   if not command:
     parser.error("no command: put it after '--', e.g. -- python train.py")
-  return Launch(command, args.num_processes, args.devices_per_process, args.timeout).run()
+  return Launch(command, args.num_processes, args.devices_per_process, args.timeout,
+                max_restarts=args.max_restarts, checkpoint_dir=args.checkpoint_dir).run()
 
 
 if __name__ == "__main__":
