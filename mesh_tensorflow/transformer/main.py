@@ -3,7 +3,9 @@ r"""Command-line driver: `python -m mesh_tensorflow.transformer.main --gin_file=
 Parses the packaged gin defaults, then --gin_file / --gin_param, and calls `utils.run` in the
 configured mode. The command line goes to `model_dir/command` (`command.1`, ... on later runs) and
 the operative gin configuration to `model_dir/operative_config.gin`. TensorFlow's start-up and
-info lines are hidden unless --verbose.
+info lines are hidden unless --verbose. An error ends the run with one line `Error (Type): message`
+and exit status 1 (--traceback adds the traceback); --restore_fallback resumes past an unreadable
+latest checkpoint; --max_restarts K restarts a failed run by itself (as `launch --max_restarts`).
 
 Example, from the repository root (docs/transformer.md): the bundled byte-level language model on
 8 virtual CPU devices, with the shipped layout layouts/cpu8_dp_mp.gin (mesh batch:2,model:4):
@@ -39,6 +41,10 @@ flags.DEFINE_multi_string("module_import", None, "Modules to import first (e.g. 
 flags.DEFINE_integer("num_cpu_devices", 8, "Virtual CPU devices to split the host CPU into (cpu:N meshes).")
 flags.DEFINE_boolean("verbose", False, "Show TensorFlow's own log lines and warnings.")
 flags.DEFINE_boolean("traceback", False, "On an error, also show the Python traceback.")
+flags.DEFINE_integer("max_restarts", 0,
+                     "Run the command in a child process and start it again (it resumes from the latest "
+                     "checkpoint) when it fails, at most this many times; never when it failed before "
+                     "its first step.")
 flags.DEFINE_boolean("restore_fallback", False,
                      "Resume from the newest readable checkpoint when the latest cannot be read (gin: "
                      "restore_fallback.enabled); off: such a run stops, naming the file.")
@@ -83,7 +89,31 @@ def write_command_line(model_dir: str, args: Sequence[str]) -> str:
   return path
 
 
+def without_max_restarts(args: Sequence[str]) -> list:
+  """args less --max_restarts and its value: the command line a supervised child runs."""
+  kept, skip_next = [], False
+  for arg in args:
+    if skip_next:
+      skip_next = False
+    elif arg.startswith("--max_restarts="):
+      continue
+    elif arg == "--max_restarts":
+      skip_next = True
+    else:
+      kept.append(arg)
+  return kept
+
+
+def supervise(args: Sequence[str], max_restarts: int, model_dir: str) -> int:
+  """Runs this command line without --max_restarts as a child, restarted as the launcher does."""
+  from mesh_tensorflow.launch import Launch
+  command = [sys.executable, "-m", "mesh_tensorflow.transformer.main", *without_max_restarts(args)]
+  return Launch(command, 1, max_restarts=max_restarts, checkpoint_dir=model_dir).run()
+
+
 def main(argv) -> None:
+  if FLAGS.max_restarts:
+    sys.exit(supervise(sys.argv[1:], FLAGS.max_restarts, FLAGS.model_dir))
   configure_logging(FLAGS.verbose)
   configure_virtual_cpus(FLAGS.num_cpu_devices)
   for module in FLAGS.module_import or []:

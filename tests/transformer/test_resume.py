@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import signal
@@ -10,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow.transformer._train import checkpoints, progress
 from tests.transformer import tiny_run
@@ -64,3 +66,39 @@ def test_killed_runs_resume_at_the_checkpointed_step_with_the_losses_of_an_unint
   assert sorted(losses) == list(range(1, 31))
   after = range(resumed_at + 1, 31)
   np.testing.assert_allclose([losses[s] for s in after], [expected[s] for s in after], rtol=1e-6)
+
+
+def final_weights(model_dir) -> dict:
+  reader = tf.train.load_checkpoint(checkpoints.latest_checkpoint(str(model_dir)))
+  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def training_pid(model_dir) -> int:
+  """The pid of the run holding model_dir's lock (0 while none does)."""
+  match = re.match(r"pid (\d+) ", (model_dir / ".lock").read_text() if (model_dir / ".lock").exists() else "")
+  return int(match.group(1)) if match else 0
+
+
+def test_max_restarts_restarts_a_killed_run_by_itself_and_it_ends_with_the_uninterrupted_variables(
+    tmp_path, corpus):
+  tiny_run.configure_gin(corpus, STEPS)
+  tiny_run.run(tmp_path / "reference", "train")
+  model_dir = tmp_path / "supervised"
+  command = tiny_run.main_command(str(model_dir), corpus, STEPS) + ["--max_restarts=2"]
+  supervisor = subprocess.Popen(command, cwd=tiny_run.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+  deadline = time.time() + 300
+  while latest_step(model_dir) < 10 and supervisor.poll() is None and time.time() < deadline:
+    time.sleep(0.02)
+  os.kill(training_pid(model_dir), signal.SIGKILL)  # the child training, not the supervisor
+  out = supervisor.communicate(timeout=300)[0]
+  assert supervisor.returncode == 0, out[-3000:]
+  [restart] = [line for line in out.splitlines() if line.startswith("[launch]") and "restart" in line]
+  print(restart)
+  assert re.fullmatch(r"\[launch\] task 0 was killed by signal 9 at step \d+; restart 1 of 2 from "
+                      r"model\.ckpt-\d+", restart)
+  assert "[0] step 30/30" in out
+  got, expected = final_weights(model_dir), final_weights(tmp_path / "reference")
+  assert got.keys() == expected.keys() and got["global_step"] == 30
+  for name, value in expected.items():
+    np.testing.assert_allclose(got[name], value, rtol=1e-6, err_msg=name)
