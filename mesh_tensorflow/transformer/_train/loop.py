@@ -164,10 +164,11 @@ def _run_step(session, fetches, hooks: list):
     return session.run(fetches), False
   context = tf.train.SessionRunContext(original_args=tf.train.SessionRunArgs(fetches), session=session)
   requests = [hook.before_run(context) for hook in hooks]
-  extra = [r.fetches if r is not None else None for r in requests]
-  values, extra_values = session.run([fetches, extra])
-  for hook, value in zip(hooks, extra_values):
-    hook.after_run(context, tf.train.SessionRunValues(results=value, options=None, run_metadata=None))
+  asks = [r is not None and r.fetches is not None for r in requests]  # before_run may return None
+  values, extra_values = session.run([fetches, [r.fetches if ask else [] for r, ask in zip(requests, asks)]])
+  for hook, value, ask in zip(hooks, extra_values, asks):
+    hook.after_run(context, tf.train.SessionRunValues(results=value if ask else None, options=None,
+                                                      run_metadata=None))
   return values, context.stop_requested
 
 
