@@ -29,7 +29,7 @@ from mesh_tensorflow.transformer import dataset as dataset_lib
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer._train import decode as decode_lib
 from mesh_tensorflow.transformer._train import estimator as estimator_lib
-from mesh_tensorflow.transformer._train import export, inputs, loop, model_fn, progress
+from mesh_tensorflow.transformer._train import export, id_checks, inputs, loop, model_fn, progress
 from mesh_tensorflow.transformer._train.checkpoints import get_step_from_checkpoint_path
 from mesh_tensorflow.transformer._utils import GIN_MODULE
 from mesh_tensorflow.transformer._train.checkpoint_selection import get_checkpoint_iterator
@@ -109,18 +109,35 @@ def train_model(estimator, vocabulary, sequence_length, batch_size, train_datase
   if not model_fn.is_unitransformer(estimator.model_fn.transformer_model):
     vocab_sizes["inputs"] = vocabulary_lib.inputs_vocabulary(vocabulary).vocab_size
   inputs.check_training_dataset(dataset_fn, batch_size, sequence_length, vocab_sizes)
+  first_step = seen_data_init_step + 1  # the global step the data's first batch feeds
+  id_check = id_checks.IdCheck(vocab_sizes, lambda bad: f"step {first_step + bad.good_before}")
+  skipped = id_checks.SkippedBatchesHook(id_check, first_step, estimator.model_dir)
 
   def input_fn(params):
     del params
     dataset = dataset_fn().map(_filter_features).repeat().batch(batch_size, drop_remainder=True)
+    dataset = id_check.apply(dataset, f"train_dataset_fn {_name(train_dataset_fn)} (split {dataset_split!r})")
     latest = estimator.latest_checkpoint()
     steps_to_skip = (get_step_from_checkpoint_path(latest) - seen_data_init_step) if latest else 0
     if steps_to_skip > 0:
       dataset = dataset.skip(steps_to_skip)
+    skipped.resume_after(max(steps_to_skip, 0))
     return dataset.prefetch(2)
 
-  estimator.train(input_fn=input_fn, max_steps=train_steps)
-  return estimator.train_result
+  try:
+    estimator.train(input_fn=input_fn, max_steps=train_steps,
+                    hooks=None if estimator.model_fn.use_tpu else [skipped])
+  except tf.errors.InvalidArgumentError:
+    if id_check.stopped_at is None:
+      raise
+    raise id_check.error() from None
+  return dict(estimator.train_result or {}, skipped_bad_id_batches=len(skipped.reported))
+
+
+def _name(fn) -> str:
+  """A dataset function's name (through functools.partial)."""
+  fn = getattr(fn, "func", fn)
+  return getattr(fn, "__qualname__", repr(fn))
 
 
 def _call_dataset_fn(dataset_fn: Callable, sequence_length) -> tf.data.Dataset:

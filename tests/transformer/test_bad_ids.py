@@ -1,0 +1,88 @@
+"""Batches holding ids outside the vocabulary after the first: the driver stops, or skips them."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow.transformer import main
+from mesh_tensorflow.transformer._train import checkpoints, id_checks, progress
+from tests.transformer import tiny_run
+from tests.transformer.tiny_run import run
+
+pytestmark = [pytest.mark.slow]
+
+BATCH, LENGTH, VOCAB = 8, 16, 259  # tiny_run's batch and length; the byte vocabulary's size
+BAD_ID = 1000
+
+
+def _batches(count: int, bad: int | None = None) -> np.ndarray:
+  """count batches of clean ids (the same ones every call); batch `bad` (0 first) holds BAD_ID once."""
+  ids = np.random.RandomState(0).randint(2, VOCAB, size=[count, BATCH, LENGTH]).astype(np.int32)
+  if bad is not None:
+    ids[bad, 3, 5] = BAD_ID
+  return ids
+
+
+def dataset_of(batches: np.ndarray):
+  def batches_dataset_fn(sequence_length, vocabulary, dataset_split):
+    del sequence_length, vocabulary, dataset_split
+    return tf.data.Dataset.from_tensor_slices({"targets": batches.reshape(-1, LENGTH)})
+  return batches_dataset_fn
+
+
+def train(model_dir, corpus, batches: np.ndarray, steps: int, *bindings):
+  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.save_checkpoints_steps = 1",
+                                                         f"utils.run.train_steps = {steps}", *bindings])
+  return run(model_dir, "train", train_dataset_fn=dataset_of(batches))
+
+
+def saved_steps(model_dir) -> list:
+  return [checkpoints.get_step_from_checkpoint_path(p) for p in checkpoints.list_checkpoints(str(model_dir))]
+
+
+def test_a_bad_third_batch_stops_training_at_step_3_and_nothing_of_step_3_is_saved(tmp_path, corpus):
+  with pytest.raises(id_checks.BadIdsError) as raised:
+    train(tmp_path, corpus, _batches(4, bad=2), 6)
+  assert main.one_line_error(raised.value) == (
+      "Error (BadIdsError): The batch of step 3 is refused before it is used: feature 'targets' holds id 1000, "
+      "outside the targets vocabulary of 259 ids (0 to 258), from train_dataset_fn "
+      "dataset_of.<locals>.batches_dataset_fn (split 'train'). Re-encode that data with utils.run.vocabulary, "
+      "or set bad_id_batches.skip = True (gin) to skip such batches. (--traceback shows where it was raised)")
+  assert saved_steps(tmp_path) == [1, 2]
+
+
+def test_skipping_trains_on_without_the_bad_batch_and_counts_it(tmp_path, corpus, capsys):
+  skipping = train(tmp_path / "skip", corpus, _batches(5, bad=2), 4, "bad_id_batches.skip = True")
+  out = capsys.readouterr().out
+  clean = train(tmp_path / "clean", corpus, np.delete(_batches(5), 2, axis=0), 4)
+  assert skipping["skipped_bad_id_batches"] == 1 and clean["skipped_bad_id_batches"] == 0
+  losses = progress.read_scalars(str(tmp_path / "skip"), "loss")
+  assert [s for s, _ in losses] == [1, 2, 3, 4]
+  np.testing.assert_allclose([v for _, v in losses],
+                             [v for _, v in progress.read_scalars(str(tmp_path / "clean"), "loss")], rtol=1e-6)
+  assert progress.read_scalars(str(tmp_path / "skip"), id_checks.SKIPPED_TAG) == [(3, 1.0)]
+  assert "Skipped a batch at step 3: feature 'targets' holds id 1000" in out
+  assert "Skipped 1 batch(es) holding ids outside the vocabulary (bad_id_batches.skip), e.g. (feature, id): " \
+         "('targets', 1000)." in out
+
+
+def test_skipping_stops_after_max_skipped_in_a_row(tmp_path, corpus):
+  batches = _batches(5, bad=1)
+  batches[2, 0, 0] = BAD_ID
+  with pytest.raises(id_checks.BadIdsError, match=r"^2 batches in a row hold ids outside the vocabulary "
+                                                   r"\(bad_id_batches.max_skipped_in_a_row\)"):
+    train(tmp_path, corpus, batches, 4, "bad_id_batches.skip = True", "bad_id_batches.max_skipped_in_a_row = 2")
+  assert saved_steps(tmp_path) == [1]
+
+
+def test_the_source_of_a_text_line_dataset_is_its_file(tmp_path):
+  path = os.path.join(tmp_path, "shard-00003.txt")
+  with tf.Graph().as_default():
+    dataset = tf.data.TextLineDataset([path]).map(lambda line: {"targets": tf.strings.bytes_split(line)})
+    assert id_checks.describe_source(dataset.batch(2), "fallback") == f"file {path}"
+    assert id_checks.describe_source(tf.data.Dataset.range(3), "train_dataset_fn f (split 'train')") == \
+        "train_dataset_fn f (split 'train')"
