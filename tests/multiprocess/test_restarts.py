@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import signal
 import sys
 import threading
@@ -72,6 +73,46 @@ def test_a_task_killed_mid_run_is_restarted_and_the_run_ends_with_the_uninterrup
 def steps_from_line(line: str) -> int:
   """The checkpoint step a restart line names (model-N)."""
   return int(line.rsplit("model-", 1)[1])
+
+
+def test_task_1_killed_at_twelve_moments_and_restarted_each_time_ends_as_an_uninterrupted_run(tmp_path):
+  steps, kills = 40, 12
+  with tf.Graph().as_default():
+    train_script.train(*train_script.LAYOUTS["2d"], steps, ckpt_dir=str(tmp_path / "reference"))
+  ckpt_dir = str(tmp_path / "ckpt")
+  out = io.StringIO()
+  launch = Launch([sys.executable, SCRIPT, "--steps", str(steps), "--ckpt_dir", ckpt_dir], 2, 4,
+                  launching.TIMEOUT, out=out, max_restarts=kills, checkpoint_dir=ckpt_dir)
+  result, thread = supervised(launch)
+  moments, killed, deadline = random.Random(0), [], time.monotonic() + 400
+  while len(killed) < kills:
+    victim = dict(launch.processes).get(1)
+    start = steps_done(ckpt_dir)
+    while victim is None or victim in killed:  # the next attempt
+      assert time.monotonic() < deadline and thread.is_alive(), out.getvalue()[-4000:]
+      time.sleep(0.01)
+      victim, start = dict(launch.processes).get(1), steps_done(ckpt_dir)
+    while not (launch.progress.stepped and steps_done(ckpt_dir) > start):
+      assert time.monotonic() < deadline and victim.poll() is None, out.getvalue()[-4000:]
+      time.sleep(0.005)
+    time.sleep(moments.uniform(0, 0.05))
+    os.kill(victim.pid, signal.SIGKILL)
+    killed.append(victim)
+  thread.join(timeout=240)
+  log = out.getvalue()
+  assert result.get("status") == 0, log[-4000:]
+  restarts = [line for line in log.splitlines() if "; restart " in line]
+  print("\n".join(restarts))
+  assert len(restarts) == kills and all("task 1 was killed by signal 9" in line for line in restarts)
+  got, expected = final_variables(ckpt_dir), final_variables(str(tmp_path / "reference"))
+  assert got["global_step"] == expected["global_step"] == steps
+  for name in ("w1", "w2"):
+    np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def steps_done(ckpt_dir: str) -> int:
+  latest = tf.train.latest_checkpoint(ckpt_dir)
+  return int(latest.rsplit("-", 1)[1]) if latest else 0
 
 
 def test_a_task_failing_at_start_is_tried_once_and_its_message_shown():
