@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from mesh_tensorflow._cost import time_model as time_model_lib
+from mesh_tensorflow._explain import pipeline_search
 from mesh_tensorflow._explain import search as search_lib
 from mesh_tensorflow._explain.transformer_graph import build_transformer_graph, configured_num_layers
 from mesh_tensorflow.auto_mtf import api as auto_mtf_api
@@ -30,13 +31,25 @@ def _search_deep(args, bindings: list) -> None:
       )
     return graph, [loss]
 
-  search_lib.search_deep_model(
-    build,
-    configured_num_layers(args.gin_file, bindings),
-    args.mesh_shape,
-    time_model_lib.get_time_model(args.time_model),
-    tokens_per_step=args.batch * args.length,
-  )
+  num_layers = configured_num_layers(args.gin_file, bindings)
+  time_model = time_model_lib.get_time_model(args.time_model)
+  tokens = args.batch * args.length
+  search_lib.search_deep_model(build, num_layers, args.mesh_shape, time_model, tokens_per_step=tokens)
+  if args.pipeline_search:
+    from mesh_tensorflow.transformer import utils
+
+    graph, _ = build(1)
+    boundary = pipeline_search.boundary_bytes(graph, args.batch, args.length,
+                                              utils.get_variable_dtype().activation_dtype.size)
+    processors = mtf_shape_size(args.mesh_shape)
+    found = pipeline_search.candidates(build, num_layers, processors, time_model, args.batch, boundary)
+    pipeline_search.print_search(found, tokens)
+
+
+def mtf_shape_size(mesh_shape) -> int:
+  from mesh_tensorflow._core.dims import convert_to_shape
+
+  return convert_to_shape(mesh_shape).size
 
 
 def main(argv=None) -> int:
@@ -57,6 +70,9 @@ def main(argv=None) -> int:
   parser.add_argument("--time_model", "--accelerator", dest="time_model", default="cpu", choices=presets)
   parser.add_argument("--search", action="store_true", help="search the layout within the memory limit")
   parser.add_argument("--remat", action="store_true", help="rematerialise every layer on the backward pass")
+  parser.add_argument("--no_pipeline_search", dest="pipeline_search", action="store_false",
+                      help="with --search on a deep model: skip the pipelined layouts (stage:S x the mesh's "
+                           "processors)")
   parser.add_argument("--plot_dir", default=None)
   parser.add_argument("--plot_format", default="png", choices=["png", "svg"])
   args = parser.parse_args(argv)

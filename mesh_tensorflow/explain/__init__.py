@@ -11,6 +11,9 @@ Both print, after the table, `fits: yes|no (<used> of <limit> per processor)` ag
 accelerator's memory and `predicted: <N> tokens/s, <U>% of peak FLOP/s`. `--accelerator tpu_v3`
 (or a100, h100, tpu_v4, tpu_v5e) picks the accelerator; `--search` replaces --layout by the
 layout auto_mtf finds within the accelerator's memory; `--remat` rematerialises every layer.
+On a model deeper than 3 layers `--search` then also prices pipelined layouts (mesh
+`stage:S;b:x;m:y` for the same number of processors, microbatches, recompute; docs/pipeline.md)
+and prints the fastest that fits with its schedule; `--no_pipeline_search` leaves them out.
 """
 
 from __future__ import annotations

@@ -1,0 +1,33 @@
+"""explain --search on a deep Transformer also searches pipelined layouts (stage counts, a stage's
+mesh, microbatches, recompute): the ≈100B decoder on 512 TPU v3 chips, where no 2-D layout fits."""
+
+from __future__ import annotations
+
+import re
+
+from mesh_tensorflow._explain import cli
+
+MODEL_100B = ["--gin_file=models/lm_base.gin", "--gin_param=num_layers = 64", "--gin_param=d_model = 12288",
+              "--gin_param=d_ff = 49152", "--gin_param=num_heads = 96", "--gin_param=d_kv = 128",
+              "--gin_param=Unitransformer.max_length = 2048", "--length=2048", "--vocab_size=32768",
+              "--accelerator=tpu_v3", "--mesh_shape=b:16;m:32"]
+
+
+def test_a_pipelined_layout_fits_the_100b_model_where_no_2d_layout_does(capsys):
+  assert cli.main([*MODEL_100B, "--batch=256", "--search"]) == 0
+  out = capsys.readouterr().out
+  two_d, pipelined = out.split("pipelined layouts (")
+  assert "no layout fits" in two_d and re.search(r"^fits: no ", two_d, re.M)
+  found = re.search(r"^searched pipelined layout: (\S+) on mesh (\S+)$", pipelined, re.M)
+  assert found and found.group(1).startswith("stages:stage;") and found.group(2).startswith("stage:")
+  assert re.search(r"^fits: yes \(([\d.]+) GB of 34.36 GB per processor\)$", pipelined, re.M)
+  assert re.search(r"^predicted: [\d,]+ tokens/s, [\d.]+% of peak FLOP/s$", pipelined, re.M)
+  stages, micro, ticks = map(int, re.search(r"^pipeline: (\d+) stages, (\d+) microbatches, (\d+) ticks",
+                                            pipelined, re.M).groups())
+  assert ticks == stages + micro - 1
+  assert len(re.findall(r"^stage \d+:", pipelined, re.M)) == stages  # the schedule's picture
+
+
+def test_no_pipeline_search_leaves_the_pipelines_out(capsys):
+  assert cli.main([*MODEL_100B, "--batch=256", "--search", "--no_pipeline_search"]) == 0
+  assert "pipelined" not in capsys.readouterr().out
