@@ -26,6 +26,24 @@ _BROKEN_CONNECTION = ("connection reset", "socket closed", "connection refused",
                       "recvmsg", "failed to connect", "connection aborted")
 
 
+def listening_addresses(port: int) -> list:
+  """The addresses TCP sockets of this machine listen on at `port` ("0.0.0.0:P", "[::]:P": every
+  interface), read from Linux's /proc/net/tcp and tcp6 (empty elsewhere)."""
+  found = []
+  for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+    if not os.path.exists(table):
+      continue
+    with open(table) as f:
+      for row in f.read().splitlines()[1:]:
+        local, state = row.split()[1], row.split()[3]
+        address, local_port = local.rsplit(":", 1)
+        if state == "0A" and int(local_port, 16) == port:  # 0A: LISTEN
+          raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
+          host = socket.inet_ntop(family, raw)
+          found.append(f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}")
+  return found
+
+
 class LostPeerError(RuntimeError):
   """A collective between tasks failed because a peer task died, hung or became unreachable."""
 
@@ -145,7 +163,12 @@ class Cluster:
     return config
 
   def server(self) -> tf.distribute.Server:
-    """This task's server (started on first use; one per process)."""
+    """This task's server (started on first use; one per process).
+
+    TensorFlow 2.21 binds it to every interface of the machine at the task's port (its ServerDef
+    has a port but no address), not only to the host its cluster spec names: anyone who can reach
+    the port can run ops in it, so the tasks must be on a private network (docs/multi_process.md).
+    """
     if self._server is None:
       spec = tf.train.ClusterSpec({self.job: self.workers})
       self._server = tf.distribute.Server(spec, self.job, self.task_index,
