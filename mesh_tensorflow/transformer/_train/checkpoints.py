@@ -236,8 +236,8 @@ def unreadable_reason(path: str) -> Optional[str]:
     reader = tf.train.load_checkpoint(path)
     for name in reader.get_variable_to_shape_map():
       reader.get_tensor(name)
-  except (tf.errors.OpError, ValueError) as e:
-    return str(getattr(e, "message", e)).splitlines()[0]
+  except Exception as e:  # TF's reader raises OpError, ValueError or IndexError (a truncated file)
+    return (str(getattr(e, "message", e)).splitlines() or [type(e).__name__])[0]
   return None
 
 
