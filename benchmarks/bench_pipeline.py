@@ -106,10 +106,12 @@ def _predicted_pipelined(stages: int, micro: int, tm) -> float:
       graph, _, loss, _ = _graph(_model(n))
     reports.append(cost_model.estimate_cost(graph, mesh, rules, [loss], tm))
   boundary = pipeline_search.boundary_bytes(graph, BATCH, LENGTH, 4) / (8 // stages)
+
   def stage_cost_at(n):
     return depth.DepthCost.from_reports(reports[0], reports[1], (1, 2), n)
 
-  cost = pipeline_plan.pipeline_cost(stage_cost_at, LAYERS, mtf.pipeline_schedule(LAYERS, stages, micro), boundary, mesh,
+  sched = mtf.pipeline_schedule(LAYERS, stages, micro)
+  cost = pipeline_plan.pipeline_cost(stage_cost_at, LAYERS, sched, boundary, mesh,
                                      f"stages:stage;{rules}", tm, "stage")
   return cost.step_s
 
