@@ -2,7 +2,8 @@
 
 Runs N copies of the command as the tasks of one TensorFlow cluster on loopback ports (each with
 its TF_CONFIG), prefixes every output line with the task's rank, stops all tasks when one fails and
-exits with its status. With TF_CONFIG already set (a real cluster's scheduler), runs the command
+exits with its status (with --max_restarts K: starts them all again, resuming from their latest
+checkpoint, up to K times). With TF_CONFIG already set (a real cluster's scheduler), runs the command
 once as that task. See docs/multi_process.md.
 """
 
