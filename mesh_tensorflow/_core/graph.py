@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Callable
 
@@ -28,6 +29,23 @@ class Graph:
   @property
   def operations(self) -> list:
     return self._operations
+
+  @contextlib.contextmanager
+  def trial(self):
+    """Operations made within are dropped from the graph afterwards, names included.
+
+    For a trial run of model code that only records what it asks for (the pipelined
+    Transformer finds the variables a layer makes this way). It must make no variable.
+    """
+    num_operations, names = len(self._operations), dict(self._names_in_use)
+    num_variables = len(self._all_variables)
+    try:
+      yield
+    finally:
+      if len(self._all_variables) != num_variables:
+        raise ValueError("Graph.trial: the trial made variables; intercept mtf.get_variable in it.")
+      del self._operations[num_operations:]
+      self._names_in_use = names
 
   @property
   def trainable_variables(self) -> list:

@@ -6,6 +6,11 @@ calls are intercepted and become per-layer variables under the unpipelined names
 (`block_007/layer_000/SelfAttention/q`), stacked over the stages. The context's tensors with a
 batch dimension (sequence ids, positions, the encoder's output, ...) travel with the
 microbatches as the pipeline's side inputs.
+
+The per-layer variables are created first, block after block in the order the template asks for
+them (found by running it once on a scratch mesh), as an unpipelined stack creates them: TF
+seeds initializers by creation order, so a pipelined model starts from the unpipelined one's
+initial values.
 """
 
 from __future__ import annotations
@@ -61,6 +66,15 @@ def call_pipelined(stack, options: PipelineOptions, context, x: mtf.Tensor) -> m
            if _is_batched(getattr(context, name, None), batch_dim)
            and not (name == "position" and context.position_is_default)]
   template = blocks[0]
+  stage_dim = mtf.Dimension(options.stage_dim_name, options.num_stages)
+  micro_batch_dim = mtf.Dimension(batch_dim.name, batch_dim.size // max(options.num_microbatches, 1))
+  scopes = [block[0].name.partition("/")[0] for block in blocks]
+  if batch_dim.size % options.num_microbatches == 0:  # else mtf.pipeline explains the mistake
+    requests = _variable_requests(stack, template, context, x, sides, stage_dim, batch_dim, micro_batch_dim)
+    for scope in scopes:
+      with tf.variable_scope(scope):
+        for name, shape, kwargs in requests:
+          mtf.get_variable(context.mesh, name, shape, **kwargs)
 
   def layer_fn(h, get_variable, side_values=()):
     root = tf.get_variable_scope().name
@@ -84,12 +98,55 @@ def call_pipelined(stack, options: PipelineOptions, context, x: mtf.Tensor) -> m
     return h
 
   y = mtf.pipeline(
-      layer_fn, x, len(blocks), mtf.Dimension(options.stage_dim_name, options.num_stages), batch_dim,
-      options.num_microbatches, schedule=options.schedule, layers_per_round=options.layers_per_round,
-      recompute=stack.recompute_grads, side_inputs=[value for _, value in sides],
-      layer_scopes=[block[0].name.partition("/")[0] for block in blocks])
+      layer_fn, x, len(blocks), stage_dim, batch_dim, options.num_microbatches, schedule=options.schedule,
+      layers_per_round=options.layers_per_round, recompute=stack.recompute_grads,
+      side_inputs=[value for _, value in sides], layer_scopes=scopes)
   context.layer_index += len(stack.layers)
   return y
+
+
+def _variable_requests(stack, template: list, context, x: mtf.Tensor, sides: list, stage_dim, batch_dim,
+                       micro_batch_dim) -> list:
+  """(name within a block, shape, kwargs) of every variable the template's layers make, in order.
+
+  The template runs once as a trial (mtf.Graph.trial: its ops are dropped), on zeros shaped as
+  the pipeline's activations and side inputs, with mtf.get_variable answering zeros.
+  """
+  mesh = context.mesh
+  requests = []
+
+  def in_pipeline(shape: mtf.Shape) -> mtf.Shape:
+    return mtf.Shape([stage_dim] + [micro_batch_dim if d == batch_dim else d for d in shape.dims])
+
+  def record(mesh, name, shape, **kwargs):
+    within = tf.get_variable_scope().name[len(root) + 1:]
+    shape = mtf.convert_to_shape(shape)
+    requests.append((f"{within}/{name}" if within else name, shape, kwargs))
+    dtype = kwargs.get("dtype")
+    dtype = dtype.activation_dtype if isinstance(dtype, mtf.VariableDType) else (dtype or tf.float32)
+    return mtf.zeros(mesh, mtf.Shape([stage_dim] + shape.dims), dtype)
+
+  saved = {name: getattr(context, name) for name, _ in sides}
+  saved_cache = dict(context.cache)
+  saved_lists = {name: list(getattr(context, name)) for name in ("losses", "layer_outputs")
+                 if isinstance(getattr(context, name, None), list)}
+  try:
+    with mesh.graph.trial(), tf.variable_scope("pipeline_template") as scope, \
+        mtf.intercept_get_variable(record):
+      root = scope.name
+      for name, value in sides:
+        setattr(context, name, mtf.zeros(mesh, in_pipeline(value.shape), value.dtype))
+      h = mtf.zeros(mesh, in_pipeline(x.shape), x.dtype)
+      for layer in template:
+        with tf.variable_scope(layer.name.partition("/")[2]):
+          h = stack.layer_fn(h, layer, context)
+  finally:  # what the trial added to the context (losses, cached tensors) is dropped
+    context.cache = saved_cache
+    for name, value in saved.items():
+      setattr(context, name, value)
+    for name, value in saved_lists.items():
+      getattr(context, name)[:] = value
+  return requests
 
 
 def _batch_dim(context, x: mtf.Tensor) -> mtf.Dimension:

@@ -176,11 +176,11 @@ def test_microbatches_that_do_not_divide_the_batch_are_refused():
     _build(_lm(4, pipeline_stages=2, num_microbatches=3))
 
 
-def test_driver_run_switches_between_the_2x4_and_the_pipeline_layout(tmp_path, corpus):
-  """utils.run with layouts/cpu8_dp_mp.gin for 2 steps, layouts/cpu8_pipeline.gin to step 4 and
-  cpu8_dp_mp again to step 6, in one model_dir: the losses are an uninterrupted cpu8_dp_mp run's.
-  (Started from scratch, the two layouts draw different initial weights: the pipeline creates
-  the layers' variables in another order, and TF seeds initializers by creation order.)"""
+def test_driver_run_switches_between_the_pipeline_and_the_2x4_layout(tmp_path, corpus):
+  """utils.run from scratch with layouts/cpu8_pipeline.gin for 2 steps, layouts/cpu8_dp_mp.gin to
+  step 4 and the pipeline again to step 6, in one model_dir: the losses are an uninterrupted
+  cpu8_dp_mp run's (the same initial weights too: the pipeline creates the layers' variables in
+  the unpipelined order, and TF seeds initializers by creation order)."""
   two_blocks = ["num_layers = 2", "utils.run.save_checkpoints_steps = 2"]
 
   def run_to(model_dir, steps, layout):
@@ -189,8 +189,8 @@ def test_driver_run_switches_between_the_2x4_and_the_pipeline_layout(tmp_path, c
     return dict(progress.read_scalars(str(model_dir), "loss"))
 
   want = run_to(tmp_path / "plain", 6, "layouts/cpu8_dp_mp.gin")
-  for steps, layout in [(2, "layouts/cpu8_dp_mp.gin"), (4, "layouts/cpu8_pipeline.gin"),
-                        (6, "layouts/cpu8_dp_mp.gin")]:
+  for steps, layout in [(2, "layouts/cpu8_pipeline.gin"), (4, "layouts/cpu8_dp_mp.gin"),
+                        (6, "layouts/cpu8_pipeline.gin")]:
     got = run_to(tmp_path / "switched", steps, layout)
   assert sorted(got) == list(range(1, 7))
   np.testing.assert_allclose([got[s] for s in range(1, 7)], [want[s] for s in range(1, 7)], rtol=2e-5)
