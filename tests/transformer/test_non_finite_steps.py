@@ -33,13 +33,12 @@ def float_weights(path: str) -> dict:
 
 def test_a_learning_rate_that_blows_up_stops_the_run_at_the_first_non_finite_step_with_nothing_bad_saved(
     tmp_path, corpus):
-  # 1e30 from global step 4: step 5's update explodes the weights, so step 6's gradients are NaN.
-  tiny_run.configure_gin(corpus, poisoned(4))
+  # 1e30 from global step 3: step 4's update explodes the weights; step 6's loss is NaN.
+  tiny_run.configure_gin(corpus, poisoned(3))
   with pytest.raises(nonfinite.NonFiniteStepError) as raised:
     tiny_run.run(tmp_path, "train")
   message = str(raised.value).splitlines()[0]
-  assert message.startswith("Step 6 is not finite (loss ")
-  assert "gradient norm nan" in message
+  assert message.startswith("Step 6 is not finite (loss nan, learning rate 1e+30): stopped before saving")
   assert f"the last good checkpoint is {tmp_path}/model.ckpt-3" in message
   assert "non_finite_steps.skip = True" in message
   left = checkpoints.list_checkpoints(str(tmp_path))
@@ -71,6 +70,17 @@ def test_with_skipping_on_the_run_stops_after_max_skipped_in_a_row(tmp_path, cor
   with pytest.raises(nonfinite.NonFiniteStepError, match=r"Steps 5 to 7 were all not finite \(3 in a row"):
     tiny_run.run(tmp_path, "train")
   assert checkpoints.latest_checkpoint(str(tmp_path)) == checkpoints.checkpoint_path(str(tmp_path), 6)
+
+
+def test_a_save_after_an_exploding_update_is_refused_naming_the_variables(tmp_path, corpus):
+  # 1e30 from global step 4: step 5's update explodes the weights, step 6's makes them NaN, and
+  # step 6 is a save step: the save is refused, the checkpoint of step 3 stays the latest.
+  tiny_run.configure_gin(corpus, poisoned(4))
+  with pytest.raises(checkpoints.NonFiniteCheckpointError,
+                     match=r"Not saving .*model.ckpt-6: \d+ variables hold NaN or infinite values, e.g. "
+                           r"\['transformer/"):
+    tiny_run.run(tmp_path, "train")
+  assert checkpoints.list_checkpoints(str(tmp_path)) == [checkpoints.checkpoint_path(str(tmp_path), 3)]
 
 
 def test_a_checkpoint_holding_a_nan_is_not_written(tmp_path):

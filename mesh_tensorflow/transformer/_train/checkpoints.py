@@ -130,6 +130,12 @@ def _saved_tensors(variables: Sequence) -> list:
   return ret
 
 
+def _whole_name(name: str, tensor) -> str:
+  """The whole variable's name for a slice saved as its part (what messages should name)."""
+  info = getattr(tensor, "_save_slice_info", None)
+  return info.full_name if info else name
+
+
 def _unique(saved: list) -> list:
   """saved without repeats (a layer stack's part is listed under each of its layers' names)."""
   return list({id(v): v for v in saved}.values())
@@ -307,8 +313,8 @@ class CheckpointManager:
     self._keep = keep_checkpoint_max or None
     self._before_save = before_save
     self._saver = tf.train.Saver(self._variables, max_to_keep=None, save_relative_paths=True)
-    self._finite = [(name, tf.reduce_all(tf.math.is_finite(t))) for name, t in _saved_tensors(self._variables)
-                    if t.dtype.base_dtype.is_floating]
+    self._finite = [(_whole_name(name, t), tf.reduce_all(tf.math.is_finite(t)))
+                    for name, t in _saved_tensors(self._variables) if t.dtype.base_dtype.is_floating]
 
   def save(self, session, step: int) -> str:
     """Writes model.ckpt-<step> atomically and makes it the latest; returns its path."""
@@ -337,7 +343,7 @@ class CheckpointManager:
   def _check_finite(self, session, path: str) -> None:
     """Refuses to write a checkpoint holding a NaN or an infinity: it would replace good ones."""
     finite = session.run([check for _, check in self._finite])
-    bad = [name for (name, _), ok in zip(self._finite, finite) if not ok]
+    bad = sorted({name for (name, _), ok in zip(self._finite, finite) if not ok})
     if bad:
       latest = latest_checkpoint(self._model_dir)
       raise NonFiniteCheckpointError(

@@ -183,8 +183,9 @@ def _train(build, config: TrainConfig, print_fn, started, latest, stop: guards.S
     manager = checkpoints.CheckpointManager(config.model_dir, tf.global_variables(),
                                             config.keep_checkpoint_max,
                                             before_save=built.lowering.copy_slices_to_masters())
+    # The gradient norm is built only when non-finite steps are skipped; [] fetches nothing.
     fetches = [built.train_op, built.outputs["loss"], built.outputs["learning_rate"],
-               built.outputs["tokens"], built.outputs["gradient_norm"]]
+               built.outputs["tokens"], built.outputs.get("gradient_norm", [])]
     for hook in hooks:
       hook.begin()
     with tf.Session(config=model_fn.session_config(config.mesh_devices)) as session:
@@ -204,7 +205,7 @@ def _train(build, config: TrainConfig, print_fn, started, latest, stop: guards.S
           print_fn(f"The training input ended at step {step} (before train_steps {config.train_steps}).")
           break
         step += 1
-        watch.check(step, float(loss), float(norm),
+        watch.check(step, float(loss), None if isinstance(norm, list) else float(norm),
                     None if config.learning_rate_schedule is None else float(learning_rate), latest)
         if first_step_seconds is None:
           first_step_seconds = time.time() - started

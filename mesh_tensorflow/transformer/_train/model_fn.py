@@ -205,10 +205,11 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
     token_outputs: eval only; also output per-token values (see _eval_outputs).
     log_file: mtf.Lowering's log_file (variable and operation sizes).
     skip_non_finite: train only; a step whose loss, gradient norm or learning rate is not finite
-      changes no variable (nonfinite.gate_updates); outputs["finite"] says whether it was.
+      changes no variable (nonfinite.gate_updates); outputs "gradient_norm" and "finite" (whether
+      it was) are added.
 
   Returns:
-    LoweredModel with outputs: train {"loss", "learning_rate", "tokens", "gradient_norm"}, eval
+    LoweredModel with outputs: train {"loss", "learning_rate", "tokens"} (see skip_non_finite), eval
     {"log_likelihood", "num_tokens"} (per example; token_outputs adds [batch, length] tensors),
     infer {"outputs"} (token ids per example).
   """
@@ -240,8 +241,8 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
       grads = mtf.gradients([loss], [v.outputs[0] for v in trained])
       kwargs = {} if learning_rate is None else {"learning_rate": learning_rate}
       update_ops = optimizer(**kwargs).apply_grads(grads, trained)
-      mtf_outputs["gradient_norm"] = nonfinite.gradient_norm(grads)
       if skip_non_finite:
+        mtf_outputs["gradient_norm"] = nonfinite.gradient_norm(grads)
         checked = [mtf.cast(loss, tf.float32), mtf_outputs["gradient_norm"]]
         if learning_rate is not None:
           checked.append(mtf.import_tf_tensor(mesh, tf.cast(learning_rate, tf.float32), mtf.Shape([])))
@@ -259,7 +260,6 @@ def build_model_graph(model, features: dict, mode: str, mesh_impl, variable_dtyp
   train_op = None
   if mode == "train":
     outputs["loss"] = tf.cast(outputs["loss"], tf.float32)
-    outputs["gradient_norm"] = tf.cast(outputs["gradient_norm"], tf.float32)
     outputs["learning_rate"] = tf.cast(tf.convert_to_tensor(
         float("nan") if learning_rate is None else learning_rate), tf.float32)
     outputs["tokens"] = tf.reduce_sum(tf.cast(tf.greater(features["targets"], 0), tf.int64))

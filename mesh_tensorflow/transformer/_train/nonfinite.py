@@ -1,11 +1,14 @@
 """Training steps whose loss, gradient norm or learning rate is not finite.
 
-Every step computes one flag, `finite`: the loss, the global gradient norm (one sum of squares per
-gradient, added up) and the learning rate are all finite. By default the loop stops at the first
-step without it, before anything is saved (`NonFiniteStepError` names the step and the last good
-checkpoint). With `non_finite_steps.skip = True` (gin) such a step changes no variable (the
-updates are gated on the flag), is counted and recorded in TensorBoard (`skipped_steps`), and the
-run stops after `max_skipped_in_a_row` of them in a row, as mixed-precision users expect.
+By default the loop checks every step's loss and learning rate (fetched anyway, so free) and stops
+at the first one that is not finite, before anything is saved (`NonFiniteStepError` names the step
+and the last good checkpoint); a non-finite gradient shows in the next step's loss, and the save
+refuses variables holding one (checkpoints.NonFiniteCheckpointError). With `non_finite_steps.skip
+= True` (gin) the step also computes the global gradient norm (a sum of squares per gradient: one
+all-reduce per variable, measured 30% more step time on the 8-CPU mesh of a d_model 128 model) and
+gates its updates on all three being finite: such a step changes no variable, is counted and
+recorded in TensorBoard (`skipped_steps`), and the run stops after `max_skipped_in_a_row` of them
+in a row, as mixed-precision users expect.
 """
 
 from __future__ import annotations
@@ -85,10 +88,16 @@ class NonFiniteWatch:
     self.skipped = 0
     self._in_a_row = 0
 
-  def check(self, step: int, loss: float, norm: float, learning_rate: Optional[float], latest) -> bool:
-    """Whether step (just run) was finite; raises NonFiniteStepError when the run must stop."""
-    values = {"loss": loss, "gradient norm": norm}
-    if learning_rate is not None:  # None: the optimizer's own default
+  def check(self, step: int, loss: float, norm: Optional[float], learning_rate: Optional[float],
+            latest) -> bool:
+    """Whether step (just run) was finite; raises NonFiniteStepError when the run must stop.
+
+    norm None: not computed (skipping is off); learning_rate None: the optimizer's default.
+    """
+    values = {"loss": loss}
+    if norm is not None:
+      values["gradient norm"] = norm
+    if learning_rate is not None:
       values["learning rate"] = learning_rate
     if all(map(_is_finite, values.values())):
       self._in_a_row = 0
