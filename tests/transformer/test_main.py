@@ -93,3 +93,14 @@ def test_a_bad_flag_still_exits_1_after_help_is_made_to_exit_0():
   with pytest.raises(SystemExit) as raised:
     main.parse_flags(["main", "--no_such_flag=1"])
   assert raised.value.code == 1
+
+
+def test_a_supervised_child_runs_the_command_line_without_max_restarts():
+  args = ["--model_dir=/tmp/m", "--max_restarts=2", "--gin_param=a = 1", "--max_restarts", "3", "--verbose"]
+  assert main.without_max_restarts(args) == ["--model_dir=/tmp/m", "--gin_param=a = 1", "--verbose"]
+
+
+def test_a_library_error_is_one_line_without_the_lines_gin_adds():
+  error = ValueError("Checkpoint x cannot be read: bad.\n  In call to configurable 'run' (<function run>)")
+  assert main.one_line_error(error) == ("Error (ValueError): Checkpoint x cannot be read: bad. "
+                                        "(--traceback shows where it was raised)")
