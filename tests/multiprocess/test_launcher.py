@@ -96,3 +96,21 @@ def test_terminated_launcher_stops_its_tasks(no_tf_config, tmp_path):
   task = int(pid_file.read_text())
   with pytest.raises(ProcessLookupError):  # stopped and reaped: no such process any more
     os.kill(task, 0)
+
+
+def test_max_restarts_starts_every_task_again_and_gives_up_after_k(no_tf_config, tmp_path, capsys):
+  # Each attempt counts itself in a file; task 1 prints a step line, then fails.
+  count = tmp_path / "attempts"
+  script = ("import json, os, sys; rank = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+            f"if rank == 1: open({str(count)!r}, 'a').write('x')\n"
+            "print('step 5 loss 1.0', flush=True)\n"
+            "sys.exit(3 if rank == 1 else 0)")
+  status = main(["--num_processes", "2", "--max_restarts", "2", "--checkpoint_dir", str(tmp_path), "--",
+                 sys.executable, "-c", script])
+  out = capsys.readouterr().out
+  assert status == 3
+  assert count.read_text() == "xxx"  # the first try and 2 restarts
+  assert "[launch] task 1 exited with status 3 at step 5; restart 1 of 2 from its latest checkpoint" in out
+  assert "[launch] task 1 exited with status 3 at step 5; restart 2 of 2 from its latest checkpoint" in out
+  assert out.strip().splitlines()[-1] == ("[launch] giving up after 2 restarts (--max_restarts): task 1 "
+                                          "exited with status 3; its last line: step 5 loss 1.0")
