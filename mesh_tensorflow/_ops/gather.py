@@ -39,10 +39,14 @@ class _RowIndexing(Operation):
 
   def __init__(self, inputs, indices: Tensor, dim: Dimension, output_shape: Shape, dtype, name):
     super().__init__(inputs, name=name)
+    assert inputs[1] is indices  # read through self.inputs, which a recomputation's clone remaps
     self._dim = dim
-    self._indices = indices
     self._outputs = [Tensor(self, output_shape, dtype)]
     self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
+
+  @property
+  def _indices(self) -> Tensor:
+    return self.inputs[1]
 
   def _adjoint(self) -> type:
     raise NotImplementedError

@@ -103,6 +103,27 @@ def test_recompute_grad_with_an_integer_input(mode):
   assert_allclose(dx, 2.0 * X * mask)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_recompute_grad_through_a_gather_whose_indices_are_computed_inside(mode):
+  """The gather's gradient reads the (recomputed) indices of its own inputs, not the forward op's."""
+  def build(mesh):
+    x = _import(mesh, X, "a:4;b:8")
+    w = _import(mesh, W, "b:8;c:4")
+
+    def fn(x, w):
+      ids = mtf.argmax(x, mtf.Dimension("b", 8))  # [a], computed inside the recomputed block
+      return mtf.gather(w, ids, mtf.Dimension("b", 8)) * mtf.reduce_sum(x, reduced_dim=mtf.Dimension("b", 8))
+
+    y = mtf.recompute_grad(fn, [x, w])
+    return [y, mtf.gradients([mtf.reduce_sum(y)], [w])[0]]
+  y, dw = lower_and_evaluate(build, "all:2", "a:all", mode)
+  ids, sums = X.argmax(axis=1), X.sum(axis=1)
+  assert_allclose(y, W[ids] * sums[:, None])
+  want = np.zeros_like(W)
+  np.add.at(want, ids, np.repeat(sums[:, None], 4, axis=1))
+  assert_allclose(dw, want)
+
+
 def test_recompute_grad_with_unused_float_input_raises():
   mesh = mtf.Mesh(mtf.Graph(), "m")
   x, unused = _import(mesh, X, "a:4;b:8"), _import(mesh, BIAS, "c:4")
