@@ -10,10 +10,12 @@ import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow.transformer import main
 from mesh_tensorflow.transformer._train import checkpoints, id_checks, progress
-from tests.transformer import tiny_run
+from tests.transformer import shared_runs, tiny_run
 from tests.transformer.tiny_run import run
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.xdist_group("tiny_transformer_run"), pytest.mark.slow]
+
+trained = shared_runs.trained  # the shared 6-step run (a fixture)
 
 BATCH, LENGTH, VOCAB = 8, 16, 259  # tiny_run's batch and length; the byte vocabulary's size
 BAD_ID = 1000
@@ -48,10 +50,11 @@ def test_a_bad_third_batch_stops_training_at_step_3_and_nothing_of_step_3_is_sav
   with pytest.raises(id_checks.BadIdsError) as raised:
     train(tmp_path, corpus, _batches(4, bad=2), 6)
   assert main.one_line_error(raised.value) == (
-      "Error (BadIdsError): The batch of step 3 is refused before it is used: feature 'targets' holds id 1000, "
-      "outside the targets vocabulary of 259 ids (0 to 258), from train_dataset_fn "
-      "dataset_of.<locals>.batches_dataset_fn (split 'train'). Re-encode that data with utils.run.vocabulary, "
-      "or set bad_id_batches.skip = True (gin) to skip such batches. (--traceback shows where it was raised)")
+      "Error (BadIdsError): Refused the batch of step 3 before it was used: feature 'targets' holds id "
+      "1000, outside the targets vocabulary of 259 ids (0 to 258), from train_dataset_fn "
+      "dataset_of.<locals>.batches_dataset_fn (split 'train'). Re-encode that data with "
+      "utils.run.vocabulary, or set bad_id_batches.skip = True (gin) to skip such batches. (--traceback "
+      "shows where it was raised)")
   assert saved_steps(tmp_path) == [1, 2]
 
 
@@ -62,20 +65,21 @@ def test_skipping_trains_on_without_the_bad_batch_and_counts_it(tmp_path, corpus
   assert skipping["skipped_bad_id_batches"] == 1 and clean["skipped_bad_id_batches"] == 0
   losses = progress.read_scalars(str(tmp_path / "skip"), "loss")
   assert [s for s, _ in losses] == [1, 2, 3, 4]
-  np.testing.assert_allclose([v for _, v in losses],
-                             [v for _, v in progress.read_scalars(str(tmp_path / "clean"), "loss")], rtol=1e-6)
+  clean_losses = progress.read_scalars(str(tmp_path / "clean"), "loss")
+  np.testing.assert_allclose([v for _, v in losses], [v for _, v in clean_losses], rtol=1e-6)
   assert progress.read_scalars(str(tmp_path / "skip"), id_checks.SKIPPED_TAG) == [(3, 1.0)]
   assert "Skipped a batch at step 3: feature 'targets' holds id 1000" in out
-  assert "Skipped 1 batch(es) holding ids outside the vocabulary (bad_id_batches.skip), e.g. (feature, id): " \
-         "('targets', 1000)." in out
+  assert ("Skipped 1 batch(es) holding ids outside the vocabulary (bad_id_batches.skip), e.g. (feature, id): "
+          "('targets', 1000).") in out
 
 
 def test_skipping_stops_after_max_skipped_in_a_row(tmp_path, corpus):
   batches = _batches(5, bad=1)
   batches[2, 0, 0] = BAD_ID
-  with pytest.raises(id_checks.BadIdsError, match=r"^2 batches in a row hold ids outside the vocabulary "
-                                                   r"\(bad_id_batches.max_skipped_in_a_row\)"):
-    train(tmp_path, corpus, batches, 4, "bad_id_batches.skip = True", "bad_id_batches.max_skipped_in_a_row = 2")
+  in_a_row = r"^2 batches in a row hold ids outside the vocabulary \(bad_id_batches.max_skipped_in_a_row\)"
+  with pytest.raises(id_checks.BadIdsError, match=in_a_row):
+    train(tmp_path, corpus, batches, 4, "bad_id_batches.skip = True",
+          "bad_id_batches.max_skipped_in_a_row = 2")
   assert saved_steps(tmp_path) == [1]
 
 
@@ -86,3 +90,32 @@ def test_the_source_of_a_text_line_dataset_is_its_file(tmp_path):
     assert id_checks.describe_source(dataset.batch(2), "fallback") == f"file {path}"
     assert id_checks.describe_source(tf.data.Dataset.range(3), "train_dataset_fn f (split 'train')") == \
         "train_dataset_fn f (split 'train')"
+
+
+def perplexity_eval(model_dir, corpus, batches: np.ndarray, *bindings) -> dict:
+  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.eval_checkpoint_step = 6",
+                                                         "utils.run.perplexity_eval_steps = 10", *bindings])
+  [result] = run(model_dir, "perplexity_eval", train_dataset_fn=dataset_of(batches), eval_dataset_fn=None,
+                 dataset_split="validation")
+  return result
+
+
+def test_a_bad_eval_batch_stops_perplexity_eval_naming_the_batch(tmp_path, corpus, trained):
+  model_dir = shared_runs.copy_model_dir(trained, tmp_path / "model")
+  with pytest.raises(id_checks.BadIdsError, match=(
+      r"^Refused batch 3 of perplexity_eval 'validation' at checkpoint step 6 before it was used: feature "
+      r"'targets' holds id 1000, outside the targets vocabulary of 259 ids \(0 to 258\), from eval dataset "
+      r"'validation' \(dataset_of.<locals>.batches_dataset_fn\)\. Re-encode")):
+    perplexity_eval(model_dir, corpus, _batches(4, bad=2))
+
+
+def test_skipping_in_perplexity_eval_equals_an_eval_without_the_bad_batch(tmp_path, corpus, trained, capsys):
+  model_dir = shared_runs.copy_model_dir(trained, tmp_path / "model")
+  skipping = perplexity_eval(model_dir, corpus, _batches(4, bad=2), "bad_id_batches.skip = True")
+  assert "Skipped 1 batch(es) holding ids outside the vocabulary" in capsys.readouterr().out
+  clean = perplexity_eval(model_dir, corpus, np.delete(_batches(4), 2, axis=0))
+  assert skipping["skipped_bad_id_batches"] == 1 and clean["skipped_bad_id_batches"] == 0
+  assert skipping["examples"] == clean["examples"] == 3 * BATCH
+  assert skipping["loss"] == pytest.approx(clean["loss"], rel=1e-6)
+  assert progress.read_scalars(str(model_dir / "validation_eval"), "validation/skipped_bad_id_batches") == \
+      [(6, 1.0)]

@@ -110,13 +110,14 @@ def train_model(estimator, vocabulary, sequence_length, batch_size, train_datase
     vocab_sizes["inputs"] = vocabulary_lib.inputs_vocabulary(vocabulary).vocab_size
   inputs.check_training_dataset(dataset_fn, batch_size, sequence_length, vocab_sizes)
   first_step = seen_data_init_step + 1  # the global step the data's first batch feeds
-  id_check = id_checks.IdCheck(vocab_sizes, lambda bad: f"step {first_step + bad.good_before}")
+  id_check = id_checks.IdCheck(vocab_sizes, lambda bad: f"the batch of step {first_step + bad.good_before}")
   skipped = id_checks.SkippedBatchesHook(id_check, first_step, estimator.model_dir)
+  source = f"train_dataset_fn {id_checks.function_name(train_dataset_fn)} (split {dataset_split!r})"
 
   def input_fn(params):
     del params
     dataset = dataset_fn().map(_filter_features).repeat().batch(batch_size, drop_remainder=True)
-    dataset = id_check.apply(dataset, f"train_dataset_fn {_name(train_dataset_fn)} (split {dataset_split!r})")
+    dataset = id_check.apply(dataset, source)
     latest = estimator.latest_checkpoint()
     steps_to_skip = (get_step_from_checkpoint_path(latest) - seen_data_init_step) if latest else 0
     if steps_to_skip > 0:
@@ -132,12 +133,6 @@ def train_model(estimator, vocabulary, sequence_length, batch_size, train_datase
       raise
     raise id_check.error() from None
   return dict(estimator.train_result or {}, skipped_bad_id_batches=len(skipped.reported))
-
-
-def _name(fn) -> str:
-  """A dataset function's name (through functools.partial)."""
-  fn = getattr(fn, "func", fn)
-  return getattr(fn, "__qualname__", repr(fn))
 
 
 def _call_dataset_fn(dataset_fn: Callable, sequence_length) -> tf.data.Dataset:

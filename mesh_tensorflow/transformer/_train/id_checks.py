@@ -11,6 +11,7 @@ from the input, counted and reported, and `max_skipped_in_a_row` of them in a ro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable, Iterator, Optional
 
@@ -18,6 +19,7 @@ import gin
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer._train import progress
 from mesh_tensorflow.transformer._utils import GIN_MODULE
 
@@ -64,6 +66,12 @@ def first_bad_id(batch: dict, vocab_sizes: dict) -> Optional[tuple]:
   return None
 
 
+def vocab_sizes(vocabulary) -> dict:
+  """{feature: the size of its vocabulary} of utils.run.vocabulary (one, or an (inputs, targets) pair)."""
+  return {"inputs": vocabulary_lib.inputs_vocabulary(vocabulary).vocab_size,
+          "targets": vocabulary_lib.targets_vocabulary(vocabulary).vocab_size}
+
+
 def _static_strings(tensor) -> list:
   """The constant strings a tensor holds (through reshapes), else []."""
   value = tf.get_static_value(tensor)
@@ -83,6 +91,18 @@ def dataset_files(dataset) -> list:
   return files
 
 
+def function_name(fn: Callable) -> str:
+  """A dataset function's name (through functools.partial), for messages."""
+  fn = getattr(fn, "func", fn)
+  return getattr(fn, "__qualname__", repr(fn))
+
+
+def source_of(dataset_fn: Callable, fallback: str) -> str:
+  """describe_source of the dataset dataset_fn() builds (in a graph of its own)."""
+  with tf.Graph().as_default():
+    return describe_source(dataset_fn(), fallback)
+
+
 def describe_source(dataset, fallback: str) -> str:
   """The file (or files) the dataset reads, else `fallback` (e.g. the dataset fn and its split)."""
   files = dataset_files(dataset)
@@ -97,7 +117,7 @@ def describe_source(dataset, fallback: str) -> str:
 class IdCheck:
   """Checks the batches of one input against vocab_sizes ({feature: size}) and records the bad ones.
 
-  `where(bad)` names the step (or batch) that would read the BadBatch `bad`.
+  `where(bad)` names the BadBatch `bad` by the step that would read it, e.g. "the batch of step 3".
   """
 
   def __init__(self, vocab_sizes: dict, where: Callable[[BadBatch], str],
@@ -157,20 +177,24 @@ class IdCheck:
     if self.policy.skip:
       return BadIdsError(
           f"{self.policy.max_skipped_in_a_row} batches in a row hold ids outside the vocabulary "
-          f"(bad_id_batches.max_skipped_in_a_row), the last read by {self.where(bad)}: {self.describe(bad)}. "
+          f"(bad_id_batches.max_skipped_in_a_row), the last {self.where(bad)}: {self.describe(bad)}. "
           f"Stopped: the data was encoded with another vocabulary than utils.run.vocabulary.")
     return BadIdsError(
-        f"The batch of {self.where(bad)} is refused before it is used: {self.describe(bad)}. Re-encode "
+        f"Refused {self.where(bad)} before it was used: {self.describe(bad)}. Re-encode "
         f"that data with utils.run.vocabulary, or set bad_id_batches.skip = True (gin) to skip such batches.")
 
-  def numpy_batches(self, batches: Iterator) -> Iterator:
-    """The (batch, num_real) pairs of numpy batches that pass the check (raises at a stop)."""
-    for index, (batch, num_real) in enumerate(batches):
-      verdict = self.verdict(index, batch)
-      if verdict == _STOP:
-        raise self.error()
-      if verdict == _GOOD:
-        yield batch, num_real
+  def numpy_batches(self, batches: Iterator, source: str) -> Iterator:
+    """The (batch, num_real) pairs of numpy batches from source that pass the check (raises at a stop)."""
+    self.source = source
+    with contextlib.closing(batches):  # a reader's graph context ends before the error passes through it
+      for index, (batch, num_real) in enumerate(batches):
+        verdict = self.verdict(index, batch)
+        if verdict == _STOP:
+          break
+        if verdict == _GOOD:
+          yield batch, num_real
+    if self.stopped_at is not None:
+      raise self.error()
 
   def summary(self, skipped: list) -> str:
     """The count of skipped batches and a few of their (feature, id)."""

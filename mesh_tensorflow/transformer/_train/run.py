@@ -18,7 +18,7 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import dataset as dataset_lib, learning_rate_schedules
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer._train import arguments, checkpoints, estimator_api, loop, model_fn
-from mesh_tensorflow.transformer._train import schedule_horizon
+from mesh_tensorflow.transformer._train import id_checks, schedule_horizon
 from mesh_tensorflow.transformer._train import eval as eval_lib
 from mesh_tensorflow.transformer._train import tpu as tpu_lib
 from mesh_tensorflow.transformer._utils import GIN_MODULE
@@ -197,7 +197,8 @@ def run(tpu_job_name, tpu, gcp_project, tpu_zone, model_dir, model_type="bitrans
     if eval_dir_suffix is not None:
       summary_dir += "_%s" % eval_dir_suffix
     return eval_lib.perplexity_eval(estimator.runner(), [(d.name, d.dataset_fn) for d in datasets], paths,
-                                    summary_dir, max_batches=perplexity_eval_steps)
+                                    summary_dir, max_batches=perplexity_eval_steps,
+                                    vocab_sizes=id_checks.vocab_sizes(vocabulary))
   if mode in ("eval", "score_eval"):
     return estimator_api.eval_model(
         estimator, vocabulary, sequence_length, batch_size, dataset_split, model_dir, eval_dataset_fn,
