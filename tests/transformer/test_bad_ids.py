@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 
+import gin
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from mesh_tensorflow.transformer import main
-from mesh_tensorflow.transformer._train import checkpoints, id_checks, progress
+from mesh_tensorflow.transformer import dataset, main
+from mesh_tensorflow.transformer._train import checkpoints, estimator_api, id_checks, progress
 from tests.transformer import shared_runs, tiny_run
 from tests.transformer.tiny_run import run
 
@@ -25,7 +26,7 @@ def _batches(count: int, bad: int | None = None) -> np.ndarray:
   """count batches of clean ids (the same ones every call); batch `bad` (0 first) holds BAD_ID once."""
   ids = np.random.RandomState(0).randint(2, VOCAB, size=[count, BATCH, LENGTH]).astype(np.int32)
   if bad is not None:
-    ids[bad, 3, 5] = BAD_ID
+    ids[bad, 3, 2] = BAD_ID
   return ids
 
 
@@ -119,3 +120,36 @@ def test_skipping_in_perplexity_eval_equals_an_eval_without_the_bad_batch(tmp_pa
   assert skipping["loss"] == pytest.approx(clean["loss"], rel=1e-6)
   assert progress.read_scalars(str(model_dir / "validation_eval"), "validation/skipped_bad_id_batches") == \
       [(6, 1.0)]
+
+
+def infer(model_dir, corpus, batches: np.ndarray, *bindings) -> list:
+  """decode_from_dataset's predictions of the prompts `batches` (their first 4 ids) at step 6."""
+  tiny_run.configure_gin(corpus, tiny_run.TWO_DEVICES + ["utils.run.eval_checkpoint_step = 6", *bindings])
+  prompts = batches.reshape(-1, LENGTH).copy()
+  prompts[:, 4:] = 0
+
+  def prompts_dataset_fn(sequence_length, vocabulary, dataset_split):
+    del sequence_length, vocabulary, dataset_split
+    return [dataset.EvalDataset("prompts", lambda: tf.data.Dataset.from_tensor_slices(
+        {"inputs": prompts, "targets": prompts}), None, [])]
+  gin.bind_parameter("utils.infer_model.decode_fn", estimator_api.decode_from_dataset)
+  gin.bind_parameter("utils.decode_from_dataset.infer_dataset_fn", prompts_dataset_fn)
+  gin.bind_parameter("utils.decode_from_dataset.decode_output_dir", str(model_dir / "decodes"))
+  return run(model_dir, "infer")[6]["prompts"]
+
+
+def test_a_bad_infer_batch_stops_decoding_naming_the_batch(tmp_path, corpus, trained):
+  model_dir = shared_runs.copy_model_dir(trained, tmp_path / "model")
+  with pytest.raises(id_checks.BadIdsError, match=(
+      r"^Refused batch 2 of decode_from_dataset at checkpoint step 6 before it was used: feature 'inputs' "
+      r"holds id 1000, outside the inputs vocabulary of 259 ids \(0 to 258\), from infer_dataset_fn "
+      r"infer.<locals>.prompts_dataset_fn \(split 'validation'\)\.")):
+    infer(model_dir, corpus, _batches(3, bad=1))
+
+
+def test_skipping_in_infer_decodes_as_without_the_bad_batch(tmp_path, corpus, trained):
+  model_dir = shared_runs.copy_model_dir(trained, tmp_path / "model")
+  skipping = infer(model_dir, corpus, _batches(3, bad=1), "bad_id_batches.skip = True")
+  clean = infer(model_dir, corpus, np.delete(_batches(3), 1, axis=0))
+  assert len(skipping) == 2 * BATCH and skipping == clean and len(set(clean)) > 1
+  assert (model_dir / "decodes" / "prompts_inputs").read_text().count("\n") == 2 * BATCH

@@ -27,7 +27,7 @@ import tensorflow as tf2  # tf2.data.Dataset: the base class of v1 and v2 datase
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer._train import checkpoints, loop, model_fn, progress
+from mesh_tensorflow.transformer._train import checkpoints, id_checks, loop, model_fn, progress
 from mesh_tensorflow.transformer._train import tpu as tpu_lib
 from mesh_tensorflow.transformer._utils import GIN_MODULE
 from mesh_tensorflow.transformer._utils.features import _MODEL_FEATURES, clean_decodes
@@ -268,6 +268,11 @@ def _feed_dicts(session, element: dict, feeds: dict) -> Iterator[dict]:
       values = session.run(element)
     except tf.errors.OutOfRangeError:
       return
+    except tf.errors.InvalidArgumentError as error:
+      bad_ids = id_checks.bad_ids_error(error, session.graph)
+      if bad_ids is None:
+        raise
+      raise bad_ids from None
     yield {feeds[k]: values[k] for k in feeds}
 
 

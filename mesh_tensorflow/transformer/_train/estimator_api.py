@@ -153,9 +153,10 @@ def _padded_batches(dataset: tf.data.Dataset, batch_size: int, sequence_length: 
 
 
 def _combined_input_fn(datasets: Sequence, batch_size: int, sequence_length: dict,
-                       check_for_metrics: bool = False) -> Callable:
+                       check_for_metrics: bool = False, id_check: Optional[id_checks.IdCheck] = None,
+                       source: str = "") -> Callable:
   """An input_fn of the EvalDatasets' examples one after the other (those with metric_fns if
-  check_for_metrics), in padded batches."""
+  check_for_metrics), in padded batches (checked by id_check, if given, as from `source`)."""
   def input_fn(params):
     del params
     combined = None
@@ -163,7 +164,8 @@ def _combined_input_fn(datasets: Sequence, batch_size: int, sequence_length: dic
       if not check_for_metrics or eval_dataset.metric_fns:
         ds = _call_dataset_fn(eval_dataset.dataset_fn, sequence_length)
         combined = ds if combined is None else combined.concatenate(ds)
-    return _padded_batches(combined, batch_size, sequence_length)
+    batches = _padded_batches(combined, batch_size, sequence_length)
+    return batches if id_check is None else id_check.apply(batches, source)
   return input_fn
 
 
@@ -243,7 +245,8 @@ def decode_from_dataset(estimator, vocabulary, model_type, batch_size, sequence_
   """Decodes the inputs of infer_dataset_fn's EvalDatasets (language models only) and writes
   `<name>_<step>_predictions`, `<name>_targets` and `<name>_inputs` to decode_output_dir.
 
-  Returns {dataset name: predictions}.
+  Returns {dataset name: predictions}. Batches holding ids outside the vocabulary stop the decoding
+  or, with bad_id_batches.skip, are left out of every file (id_checks).
   """
   if model_type != "lm":
     raise ValueError(f"decode_from_dataset supports decoder-only language models (model_type 'lm'), not "
@@ -251,15 +254,20 @@ def decode_from_dataset(estimator, vocabulary, model_type, batch_size, sequence_
   infer_datasets = infer_dataset_fn(sequence_length=sequence_length, vocabulary=vocabulary,
                                     dataset_split=dataset_split)
   step = get_step_from_checkpoint_path(checkpoint_path or estimator.latest_checkpoint())
-  decodes = list(decode(estimator, _combined_input_fn(infer_datasets, batch_size, sequence_length),
-                        vocabulary,
-                        checkpoint_path=checkpoint_path))
-  results = {}
+  id_check = id_checks.IdCheck(id_checks.vocab_sizes(vocabulary), lambda bad: (
+      f"batch {bad.index + 1} of decode_from_dataset at checkpoint step {step}"))
+  source = f"infer_dataset_fn {id_checks.function_name(infer_dataset_fn)} (split {dataset_split!r})"
+  decodes = list(decode(estimator, _combined_input_fn(infer_datasets, batch_size, sequence_length,
+                                                      id_check=id_check, source=source),
+                        vocabulary, checkpoint_path=checkpoint_path))
+  skipped = {bad.index for bad in id_check.bad}
+  results, position = {}, 0
   for infer_dataset in infer_datasets:
-    examples = _maybe_add_pretokenized_features(
-        list(inputs.iterate_examples(lambda d=infer_dataset: _call_dataset_fn(d.dataset_fn,
-                                                                              sequence_length))),
-        vocabulary)
+    examples = list(inputs.iterate_examples(lambda d=infer_dataset: _call_dataset_fn(d.dataset_fn,
+                                                                                   sequence_length)))
+    examples, position = ([ex for i, ex in enumerate(examples, position) if i // batch_size not in skipped],
+                          position + len(examples))
+    examples = _maybe_add_pretokenized_features(examples, vocabulary)
     predictions, decodes = decodes[:len(examples)], decodes[len(examples):]
     name = infer_dataset.name
     write_lines_to_file(predictions, os.path.join(decode_output_dir, f"{name}_{step}_predictions"))

@@ -207,13 +207,13 @@ _COLLECTION = "mesh_tensorflow_id_checks"  # the IdChecks of a graph's input pip
 _MARK = "Batch holds ids outside the vocabulary"
 
 
-def explained(error: tf.errors.OpError, graph) -> Exception:
-  """The BadIdsError behind an input pipeline's error in graph, else the error itself."""
+def bad_ids_error(error: tf.errors.OpError, graph) -> Optional[BadIdsError]:
+  """The BadIdsError behind an error of an input pipeline in graph, if its id check stopped it."""
   if _MARK in str(error):
     for check in graph.get_collection(_COLLECTION):
       if check.stopped_at is not None:
         return check.error()
-  return error
+  return None
 
 
 class SkippedBatchesHook(tf.train.SessionRunHook):
