@@ -240,9 +240,9 @@ class ShapeOnlyMeshImpl(MeshImpl):
     del laid_out_x
     return self.placeholder(x.shape.to_integer_list, x.dtype)
 
-  def random(self, shape, tf_fn, kwargs, key=None):
+  def random(self, shape, tf_fn, kwargs, key=None, stagewise=None):
     """A placeholder of the slice: a dry run needs the shape, not the (XLA-compiled) draw."""
-    del tf_fn, key
+    del tf_fn, key, stagewise
     return self._laid_out(self.slice_shape(shape), kwargs.get("dtype", tf.float32))
 
   def Print(self, x, data, message, **kwargs):  # pylint: disable=invalid-name

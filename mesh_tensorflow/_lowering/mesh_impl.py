@@ -171,7 +171,7 @@ class MeshImpl:
     self.copy_master_to_slice_ops.append(op)
     return op
 
-  def random(self, shape, tf_fn, kwargs, key=None):
+  def random(self, shape, tf_fn, kwargs, key=None, stagewise=None):
     """Random slices of a tensor of `shape`, the same whatever the layout.
 
     One algorithm for every backend, with no communication: each processor hashes the global
@@ -187,6 +187,7 @@ class MeshImpl:
       kwargs: its keyword arguments (dtype, minval, maxval, mean, stddev, ...), without seed.
       key: the uint64 stream key (RandomOperation passes the op's key for this evaluation);
         None: a fixed random key.
+      stagewise: a pipelined op's random_keys.StagewiseKeys; key then holds one key per stage.
     """
     if key is None:
       key = random_bits.stream_key(py_random.getrandbits(64), [])
@@ -198,8 +199,10 @@ class MeshImpl:
         seed = tf.stack([tf.bitcast(key, tf.int64), tf.cast(slice_num, tf.int64)])
         return tf_fn(slice_shape, seed=seed, **kwargs)
       return self.slicewise(per_slice, self.laid_out_slice_num(shape))
-    geometry = random_bits.SliceGeometry(shape.to_integer_list, self.slice_shape(shape),
-                                         [self._pnum_to_pcoord(a) for a in self.tensor_layout(shape)])
+    args = (shape.to_integer_list, self.slice_shape(shape),
+            [self._pnum_to_pcoord(a) for a in self.tensor_layout(shape)])
+    geometry = (random_bits.SliceGeometry(*args) if stagewise is None
+                else random_bits.StagewiseGeometry(*args, stagewise))
     return self.slicewise(lambda pnum: random_bits.draw(kind, geometry, pnum, key, **kwargs),
                           self.laid_out_pnum())
 

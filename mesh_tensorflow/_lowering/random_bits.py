@@ -52,14 +52,14 @@ def _xor_shift(z, bits: int):
   return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(bits, _U64)))
 
 
-def op_key(graph_seed: Optional[int], op_number: int, fallback: int) -> int:
-  """A 64-bit key per random op: from the graph seed and the op's number, else `fallback`.
+def op_key(graph_seed: Optional[int], op_name: str, fallback: int) -> int:
+  """A 64-bit key per random op: from the graph seed and the op's key name, else `fallback`.
 
   A cryptographic hash (not Python's hash()), so every process of a mesh agrees.
   """
   if graph_seed is None:
     return fallback
-  digest = hashlib.blake2b(f"{graph_seed}/{op_number}".encode(), digest_size=8).digest()
+  digest = hashlib.blake2b(f"{graph_seed}/{op_name}".encode(), digest_size=8).digest()
   return int.from_bytes(digest, "little")
 
 
@@ -132,8 +132,71 @@ class SliceGeometry:
     return ret
 
 
+  def element_keys(self, pnum, key):
+    """The stream key of every element: the op's one key."""
+    del pnum
+    return key
+
+
+class StagewiseGeometry(SliceGeometry):
+  """A pipelined random op's slice: each stage draws its layer's unpipelined values.
+
+  The op's shape is [stages, <the unpipelined op's dims, batch cut to a microbatch>]. Stage s
+  uses key[s] (its layer's op key), and its element at microbatch row r is row r * M + m_s of
+  the unpipelined tensor (m_s: the microbatch the stage runs), whose flat index it hashes.
+
+  Args:
+    full_shape, slice_shape, split_axes: as for SliceGeometry, of the pipelined op.
+    keys: the op's random_keys.StagewiseKeys.
+  """
+
+  def __init__(self, full_shape, slice_shape, split_axes, keys):
+    super().__init__(full_shape, slice_shape, split_axes)
+    self.keys = keys
+
+  @property
+  def static_key(self) -> tuple:
+    return super().static_key + (self.keys,)
+
+  def _positions(self, pnum, d: int):
+    positions = tf.range(self.slice_shape[d], dtype=tf.int64)
+    if self.split_axes[d] is not None:
+      divisor, size = self.split_axes[d]
+      positions += (pnum // divisor) % size * self.slice_shape[d]
+    return positions
+
+  def _along(self, values, d: int):
+    shape = [1] * len(self.full_shape)
+    shape[d] = self.slice_shape[d]
+    return tf.reshape(values, shape)
+
+  def global_indices(self, pnum):
+    pnum = tf.cast(pnum, tf.int64)
+    k = self.keys
+    stages = self._positions(pnum, k.stage_axis)
+    micro = tf.gather(tf.constant(k.microbatches, tf.int64), stages)
+    ret = tf.zeros([], _U64)
+    stride = 1
+    for d in reversed(range(len(self.full_shape))):
+      if d == k.stage_axis:
+        continue
+      positions = self._along(self._positions(pnum, d), d)
+      size = self.full_shape[d]
+      if d == k.batch_axis:
+        positions = positions * k.num_microbatches + self._along(micro, k.stage_axis)
+        size *= k.num_microbatches
+      ret = ret + tf.cast(positions, _U64) * tf.constant(stride, _U64)
+      stride *= size
+    return ret
+
+  def element_keys(self, pnum, key):
+    stages = self._positions(tf.cast(pnum, tf.int64), self.keys.stage_axis)
+    return self._along(tf.gather(key, stages), self.keys.stage_axis)
+
+
 def _bits(geometry: SliceGeometry, pnum, key):
   """The slice's random uint64s: mix64(key + (global index + 1) * gamma)."""
+  key = geometry.element_keys(pnum, key)
   index = geometry.global_indices(pnum)
   gamma = tf.constant(GOLDEN_GAMMA, _U64)
   return mix64(key + (index + tf.constant(1, _U64)) * gamma)

@@ -10,6 +10,7 @@ see pipeline_schedule.py.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -24,6 +25,7 @@ from mesh_tensorflow._ops import custom_gradient as custom_gradient_ops
 from mesh_tensorflow._ops import einsum as einsum_ops
 from mesh_tensorflow._ops import elementwise as elementwise_ops
 from mesh_tensorflow._ops import io as io_ops
+from mesh_tensorflow._ops import random_keys
 from mesh_tensorflow._ops import reshape as reshape_ops
 from mesh_tensorflow._ops import shift as shift_ops
 from mesh_tensorflow._ops import slicing as slicing_ops
@@ -122,7 +124,8 @@ def pipeline(layer_fn: Callable, x: Tensor, num_layers: int, stage_dim, batch_di
   outer_scope = tf.get_variable_scope()
   with tf.variable_scope(name):
     weights = _Weights(sched, stage_dim, x.mesh, outer_scope, layer_scopes)
-    outputs = _Ticks(layer_fn, sched, stage_dim, x.mesh, x.dtype, recompute, weights, sides).run(pieces)
+    outputs = _Ticks(layer_fn, sched, stage_dim, x.mesh, x.dtype, recompute, weights, sides,
+                     small_batch_dim).run(pieces)
   axis = outputs[0].shape.dims.index(small_batch_dim) + 1
   stacked = slicing_ops.stack(outputs, micro_dim.name, axis=axis)
   return reshape_ops.replace_dimensions(stacked, [small_batch_dim, micro_dim], batch_dim)
@@ -132,7 +135,7 @@ class _Ticks:
   """Builds the schedule's ticks, one after another, for one pipeline call."""
 
   def __init__(self, layer_fn: Callable, sched: PipelineSchedule, stage_dim: Dimension, mesh,
-               dtype, recompute: bool, weights: _Weights, sides: list):
+               dtype, recompute: bool, weights: _Weights, sides: list, micro_dim: Optional[Dimension]):
     self._layer_fn = layer_fn
     self._sched = sched
     self._stage_dim = stage_dim
@@ -140,6 +143,7 @@ class _Ticks:
     self._recompute = recompute
     self._weights = weights
     self._sides = sides
+    self._micro_dim = micro_dim
     eye = np.eye(stage_dim.size)
     self._first = io_ops.constant(mesh, eye[0], Shape([stage_dim]), dtype)
     self._not_first = io_ops.constant(mesh, 1 - eye[0], Shape([stage_dim]), dtype)
@@ -224,12 +228,28 @@ class _Ticks:
   def _run_layer(self, tick: int, k: int, h: Tensor, sides: list) -> Tensor:
     slots = self._slots(tick, k)
     args = [h, lambda name, shape, **kwargs: self._weights.get(slots, name, shape, **kwargs)]
-    out = self._layer_fn(*args, sides) if self._sides else self._layer_fn(*args)
+    with self._random_keys(tick, slots):
+      out = self._layer_fn(*args, sides) if self._sides else self._layer_fn(*args)
     if not isinstance(out, Tensor) or out.shape != h.shape:
       got = out.shape if isinstance(out, Tensor) else type(out).__name__
       raise ValueError(f"pipeline: layer_fn must return a Tensor of its input's shape {h.shape} (the "
                        f"next stage runs the next layer on it), got {got}.")
     return out
+
+  def _random_keys(self, tick: int, slots: list):
+    """With per-layer scopes: random ops of the layer draw, per stage, as its layer unpipelined."""
+    scopes = self._weights.layer_scope_names
+    if scopes is None or self._micro_dim is None:
+      return contextlib.nullcontext()
+    sched = self._sched
+    stage_scopes, microbatches = [], []
+    for s in range(sched.num_stages):
+      work = sched.work(tick, s)
+      layer = sched.layer_at(s, slots[s])
+      stage_scopes.append(None if work is None else scopes[layer])
+      microbatches.append(0 if work is None else work[1])
+    return random_keys.stagewise(random_keys.Stagewise(
+        self._stage_dim.name, self._micro_dim.name, sched.num_microbatches, stage_scopes, microbatches))
 
   def _slots(self, tick: int, k: int) -> list:
     """The weight slot each stage reads for the k-th layer of this tick (idle stages: any slot)."""
@@ -249,6 +269,9 @@ class _Weights:
     self._outer_scope = outer_scope
     self._scope_name = tf.get_variable_scope().name
     self._layer_scopes = layer_scopes
+    outer = outer_scope.name
+    self.layer_scope_names = None if layer_scopes is None else [
+        f"{outer}/{scope}" if outer else scope for scope in layer_scopes]  # each layer's scope, unpipelined
     slots = sched.slots_per_stage
     self._slot_dim = Dimension(f"{stage_dim.name}_layers", slots) if slots > 1 else None
 

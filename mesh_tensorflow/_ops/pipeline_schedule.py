@@ -74,6 +74,11 @@ class PipelineSchedule:
     r, s = divmod(block, self.num_stages)
     return s, r * self.layers_per_tick + k
 
+  def layer_at(self, stage: int, slot: int) -> int:
+    """The layer in `slot` of `stage` (the inverse of layer_position)."""
+    r, k = divmod(slot, self.layers_per_tick)
+    return (r * self.num_stages + stage) * self.layers_per_tick + k
+
   def work(self, tick: int, stage: int) -> Optional[tuple]:
     """(round, microbatch) that `stage` runs at `tick`, or None when it idles (the bubble)."""
     r, m = divmod(tick - stage, self.period)

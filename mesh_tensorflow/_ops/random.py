@@ -1,19 +1,18 @@
 """Random tensors and dropout: fresh values at every evaluation, the same under every layout.
 
-Values depend on (graph seed, op number, evaluation number, loop iterations, element index) only:
-see `_lowering/random_bits.py` (the per-element draw) and `_lowering/random_stream.py` (the
-evaluation counter). An op's number counts the random ops built before it in its mtf Graph, as
-TF numbers ops for their seeds: a program built again (eagerly, or in another process) numbers
-its random ops alike, whatever name scopes TF made unique.
+Values depend on (graph seed, op key name, evaluation number, loop iterations, element index)
+only: see `_lowering/random_bits.py` (the per-element draw) and `_lowering/random_stream.py` (the
+evaluation counter). An op's key name is its TF variable scope and how many random ops that scope
+made before it in its mtf Graph (`random_keys.py`): a program built again (eagerly, or in another
+process) names its random ops alike, whatever name scopes TF made unique, and a layer draws the
+same values wherever the graph puts it (inside an mtf.pipeline too).
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import numbers
 import random as py_random
-import weakref
 from typing import Callable, Optional
 
 import tensorflow.compat.v1 as tf
@@ -25,10 +24,10 @@ from mesh_tensorflow._lowering import random_bits
 from mesh_tensorflow._lowering.random_stream import graph_random_seed
 from mesh_tensorflow._ops import binary as binary_ops
 from mesh_tensorflow._ops import elementwise as elementwise_ops
+from mesh_tensorflow._ops import random_keys
 
 __all__ = ["RandomOperation", "random_uniform", "random_normal", "dropout"]
 
-_random_op_numbers = weakref.WeakKeyDictionary()  # mtf Graph -> count of its RandomOperations
 
 
 class RandomOperation(Operation):
@@ -48,7 +47,7 @@ class RandomOperation(Operation):
     self._kwargs = kwargs
     random_bits.check_kwargs(random_bits.kind_of(tf_fn), kwargs, self.name)
     self._outputs = [Tensor(self, convert_to_shape(shape), tf.as_dtype(kwargs.get("dtype", tf.float32)))]
-    self._number = next(_random_op_numbers.setdefault(self.graph, itertools.count()))
+    self._key_name, self._stagewise = random_keys.key_name(self.graph, self._outputs[0].shape)
     # Without a graph seed, every lowering of this op (e.g. one per TPU replica) still draws alike.
     self._unseeded_key = py_random.getrandbits(64)
     self._splittable_dims, self._unsplittable_dims = self._initialize_all_dimensions_as_splittable()
@@ -56,8 +55,16 @@ class RandomOperation(Operation):
   def lower(self, lowering):
     mesh_impl = lowering.mesh_impl(self)
     out = self.outputs[0]
-    key = lowering.random_key(random_bits.op_key(graph_random_seed(), self._number, self._unseeded_key))
-    lowering.set_tensor_lowering(out, mesh_impl.random(out.shape, self._tf_fn, self._kwargs, key=key))
+    seed = graph_random_seed()
+    if self._stagewise is None:
+      key = lowering.random_key(random_bits.op_key(seed, self._key_name, self._unseeded_key))
+      lowering.set_tensor_lowering(out, mesh_impl.random(out.shape, self._tf_fn, self._kwargs, key=key))
+      return
+    keys = [lowering.random_key(random_bits.op_key(seed, name or self._key_name, self._unseeded_key))
+            for name in self._stagewise.names]
+    key = None if keys[0] is None else tf.stack(keys)  # the dry run draws no values
+    lowering.set_tensor_lowering(
+        out, mesh_impl.random(out.shape, self._tf_fn, self._kwargs, key=key, stagewise=self._stagewise))
 
 
 def random_uniform(mesh, shape, **kwargs) -> Tensor:

@@ -13,6 +13,7 @@ import gin
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow._ops import random_keys
 from mesh_tensorflow.transformer._context import Context, ModeKeys, TransformerLayer
 from mesh_tensorflow.transformer import _pipelined_stack
 
@@ -239,7 +240,8 @@ class LayerStack(TransformerLayer):
   def _call_layers(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     """Every layer in its variable scope, one after another."""
     for lnum, layer in enumerate(self._layers):
-      with tf.variable_scope(layer.name or ""):
+      # Random ops are keyed by the layer's scope: a pipelined stack draws the same (_pipelined_stack.py).
+      with tf.variable_scope(layer.name or ""), random_keys.scope(tf.get_variable_scope().name):
         if self._recompute_grads:
           x = mtf.recompute_grad(lambda x, layer=layer: self.layer_fn(x, layer, context), [x])
         else:

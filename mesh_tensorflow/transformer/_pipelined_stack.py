@@ -20,6 +20,7 @@ import dataclasses
 import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow._ops import random_keys
 
 # Context attributes a layer may read that hold the batch dimension.
 _BATCHED_CONTEXT_ATTRIBUTES = ("position", "sequence_id", "subsequence_id", "inputs", "encoder_output",
@@ -90,7 +91,8 @@ def call_pipelined(stack, options: PipelineOptions, context, x: mtf.Tensor) -> m
     try:
       with mtf.intercept_get_variable(redirect):
         for layer in template:
-          with tf.variable_scope(layer.name.partition("/")[2]):
+          within = layer.name.partition("/")[2]
+          with tf.variable_scope(within), random_keys.scope(within):  # per stage: its layer's scope
             h = stack.layer_fn(h, layer, context)
     finally:
       for name, value in saved.items():
@@ -132,7 +134,7 @@ def _variable_requests(stack, template: list, context, x: mtf.Tensor, sides: lis
                  if isinstance(getattr(context, name, None), list)}
   try:
     with mesh.graph.trial(), tf.variable_scope("pipeline_template") as scope, \
-        mtf.intercept_get_variable(record):
+        mtf.intercept_get_variable(record), random_keys.scope("pipeline_template"):
       root = scope.name
       for name, value in sides:
         setattr(context, name, mtf.zeros(mesh, in_pipeline(value.shape), value.dtype))

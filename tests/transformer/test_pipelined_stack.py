@@ -28,8 +28,9 @@ MESHES = {
 UNPIPELINED = ("rows:2;cols:4", "batch:rows;heads:cols;d_ff:cols")
 
 
-def _lm(num_layers: int, **pipeline) -> transformer.Unitransformer:
-  stack_cls = functools.partial(transformer.LayerStack, **pipeline)
+def _lm(num_layers: int, dropout_rate=None, **pipeline) -> transformer.Unitransformer:
+  legacy = {} if dropout_rate is None else {"dropout_rate": dropout_rate, "norm_epsilon": 1e-6}
+  stack_cls = functools.partial(transformer.LayerStack, **legacy, **pipeline)
   stack = transformer.make_layer_stack([model_check.SELF_ATTENTION, model_check.FEED_FORWARD],
                                        num_layers=num_layers, layer_stack_cls=stack_cls)
   return transformer.Unitransformer(layer_stack=stack, d_model=8, input_vocab_size=VOCAB,
@@ -46,6 +47,7 @@ def _train(model, mesh_layout, steps: int, save: str, *, restore=None, optimizer
   """
   mesh_shape, layout = mtf.convert_to_shape(mesh_layout[0]), mesh_layout[1]
   with tf.Graph().as_default():
+    tf.set_random_seed(1)  # random ops are then keyed by the seed and their layer's scope
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
     ids = model_check.import_ids(mesh, IDS)
@@ -114,6 +116,23 @@ def test_pipelined_lm_trains_as_unpipelined(start, tmp_path, mesh, stages, micro
   losses, values = _train(model, MESHES[mesh], 3, str(tmp_path / "end"), restore=prefix, masters=masters)
   np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
   _assert_same_variables(values, want_values)
+
+
+@pytest.mark.parametrize("mesh,stages,microbatches,schedule", [
+    ("stage:4;batch:2", 4, 2, "fill_drain"), ("stage:2;batch:2;model:2", 2, 4, "circular")])
+def test_pipelined_lm_with_dropout_trains_with_the_unpipelined_masks(tmp_path, mesh, stages, microbatches,
+                                                                     schedule):
+  """20 SGD steps with dropout 0.2, from one checkpoint: every stage draws its layer's
+  unpipelined mask for its microbatch's rows, so the losses equal the unpipelined run's (and
+  differ from a run without dropout)."""
+  start = str(tmp_path / "start")
+  _train(_lm(4, dropout_rate=0.2), UNPIPELINED, 0, start)
+  want, _ = _train(_lm(4, dropout_rate=0.2), UNPIPELINED, 20, str(tmp_path / "a"), restore=start, optimizer="sgd")
+  plain, _ = _train(_lm(4, dropout_rate=0.0), UNPIPELINED, 20, str(tmp_path / "b"), restore=start, optimizer="sgd")
+  model = _lm(4, dropout_rate=0.2, pipeline_stages=stages, num_microbatches=microbatches, pipeline_schedule=schedule)
+  got, _ = _train(model, MESHES[mesh], 20, str(tmp_path / "c"), restore=start, optimizer="sgd")
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  assert np.abs(plain - want).max() > 1e-3
 
 
 def test_pipelined_checkpoint_restores_unpipelined(start, tmp_path):
