@@ -6,17 +6,24 @@ Two tables, every case timed interleaved (`--reps` repetitions of `--steps` call
    in session mode (a tf.compat.v1 Session, as bench_transformer.py builds it) and as a
    `mtf.tf2.MeshModule.function` called from eager code. Goal: the function within 1.10x of
    the same mesh in session mode.
-2. The eager 2-layer MLP (batch 64, 256 -> 1024 -> 256), forward and backward (loss and both
-   weight gradients): plain TF eager (GradientTape), plain TF in a tf.function, mtf built and
-   lowered at every call (what eager callers of mtf.Lowering pay), and a mtf.tf2 function.
-   Goal: mtf on one device within 2x of plain TF eager.
+2. The eager 2-layer MLP (batch 64, 256 -> 1024 -> 256 by default; `--mlp 512,1024,4096` is
+   issue #37's), forward and backward (loss and both weight gradients): plain TF eager
+   (GradientTape), plain TF in a tf.function, the floor (plain TF over 8 device-placed shards of
+   the batch with a hand-written gradient sum, eager and in a tf.function), mtf built and lowered
+   at every call (what eager callers of mtf.Lowering pay), and a mtf.tf2 function. Every case is
+   reported against plain TF eager on one device and against the floor in its own mode (eager
+   cases against the eager floor, functions against the tf.function floor).
+   Goals: mtf on one device within 2x of plain TF eager; mtf.tf2 function at data-parallel 8
+   within 1.1x of the floor.
 
     python benchmarks/bench_tf2.py [--reps 5] [--steps 10] [--layouts "one device,data-parallel 8"]
+                                   [--mlp BATCH,IN,HIDDEN]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -39,7 +46,24 @@ from benchmarks import bench_transformer  # noqa: E402
 
 LAYOUTS = {name: bench_transformer.LAYOUTS[name]
            for name in ("one device", "data-parallel 8", "2x4 (batch x model)")}
-MLP_BATCH, MLP_IN, MLP_HIDDEN = 64, 256, 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class MlpSize:
+  """The eager MLP's batch and widths: in -> hidden -> in."""
+
+  batch: int = 64
+  inp: int = 256
+  hidden: int = 1024
+
+  @classmethod
+  def parse(cls, text: str) -> MlpSize:
+    """"BATCH,IN,HIDDEN" -> MlpSize; the batch must split into NUM_CPUS shards."""
+    size = cls(*(int(n) for n in text.split(",")))
+    if size.batch % NUM_CPUS:
+      raise ValueError(f"--mlp batch {size.batch} does not split into {NUM_CPUS} shards: "
+                       f"pick a multiple of {NUM_CPUS}")
+    return size
 
 
 def _devices(mesh_shape: str) -> list:
@@ -92,46 +116,74 @@ def transformer_function_case(cfg, name: str) -> tuple:
 # 2. the eager MLP
 
 
-def _mlp_data():
+def _mlp_data(size: MlpSize):
   rng = np.random.RandomState(0)
-  return (tf.constant(rng.randn(MLP_BATCH, MLP_IN).astype(np.float32)),
-          (rng.randn(MLP_IN, MLP_HIDDEN) / 16).astype(np.float32),
-          (rng.randn(MLP_HIDDEN, MLP_IN) / 32).astype(np.float32))
+  return (tf.constant(rng.randn(size.batch, size.inp).astype(np.float32)),
+          (rng.randn(size.inp, size.hidden) / 16).astype(np.float32),
+          (rng.randn(size.hidden, size.inp) / 32).astype(np.float32))
 
 
-def plain_mlp_case(compiled: bool) -> Callable:
-  x, w1_value, w2_value = _mlp_data()
+def _compiled(step: Callable, compiled: bool) -> Callable:
+  """A call running step (eagerly, or as a tf.function) and returning its tensors as arrays."""
+  run = tf2.function(step) if compiled else step
+  return lambda: [t.numpy() for t in run()]
+
+
+def plain_mlp_case(size: MlpSize, compiled: bool) -> Callable:
+  x, w1_value, w2_value = _mlp_data(size)
   w1, w2 = tf2.Variable(w1_value), tf2.Variable(w2_value)
 
   def step():
     with tf2.GradientTape() as tape:
       loss = tf.reduce_mean(tf.square(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2)))
     return [loss] + tape.gradient(loss, [w1, w2])
-
-  run = tf2.function(step) if compiled else step
-  return lambda: [t.numpy() for t in run()]
+  return _compiled(step, compiled)
 
 
-def _mtf_mlp(mesh, x, w1, w2):
+def plain_data_parallel_mlp_case(size: MlpSize, compiled: bool) -> Callable:
+  """The floor: NUM_CPUS shards of the batch, one per device, and a hand-written gradient sum.
+
+  Each shard's loss is its part of the whole batch's mean, so the sums (tf.add_n on cpu:0) are
+  the whole batch's loss and gradients, as every other case computes them.
+  """
+  x, w1_value, w2_value = _mlp_data(size)
+  w1, w2 = tf2.Variable(w1_value), tf2.Variable(w2_value)
+  scale = 1.0 / (size.batch * size.inp)
+
+  def step():
+    losses, w1_grads, w2_grads = [], [], []
+    for i, shard in enumerate(tf.split(x, NUM_CPUS)):
+      with tf.device(f"cpu:{i}"), tf2.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.square(tf.matmul(tf.nn.relu(tf.matmul(shard, w1)), w2))) * scale
+        w1_grad, w2_grad = tape.gradient(loss, [w1, w2])
+      losses.append(loss)
+      w1_grads.append(w1_grad)
+      w2_grads.append(w2_grad)
+    with tf.device("cpu:0"):
+      return [tf.add_n(losses), tf.add_n(w1_grads), tf.add_n(w2_grads)]
+  return _compiled(step, compiled)
+
+
+def _mtf_mlp(size: MlpSize, mesh, x, w1, w2):
   """(loss, [d loss / d w1, d loss / d w2]) of the MLP; w1, w2 mtf Tensors."""
-  batch, inp = mtf.Dimension("batch", MLP_BATCH), mtf.Dimension("inp", MLP_IN)
-  hidden = mtf.Dimension("hidden", MLP_HIDDEN)
+  batch, inp = mtf.Dimension("batch", size.batch), mtf.Dimension("inp", size.inp)
+  hidden = mtf.Dimension("hidden", size.hidden)
   h = mtf.relu(mtf.einsum([mtf.import_tf_tensor(mesh, x, [batch, inp]), w1], [batch, hidden]))
   out = mtf.einsum([h, w2], [batch, inp])
   loss = mtf.reduce_mean(mtf.square(out))
   return loss, mtf.gradients([loss], [w1, w2])
 
 
-def mtf_mlp_lowered_per_call(mesh_shape: str, layout: str) -> Callable:
+def mtf_mlp_lowered_per_call(size: MlpSize, mesh_shape: str, layout: str) -> Callable:
   """What an eager caller of mtf.Lowering pays: the mtf graph built and lowered at every call."""
-  x, w1_value, w2_value = _mlp_data()
+  x, w1_value, w2_value = _mlp_data(size)
   w1, w2 = tf2.Variable(w1_value), tf2.Variable(w2_value)
-  inp, hidden = mtf.Dimension("inp", MLP_IN), mtf.Dimension("hidden", MLP_HIDDEN)
+  inp, hidden = mtf.Dimension("inp", size.inp), mtf.Dimension("hidden", size.hidden)
 
   def step():
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
-    loss, grads = _mtf_mlp(mesh, x, mtf.import_fully_replicated(mesh, w1, [inp, hidden]),
+    loss, grads = _mtf_mlp(size, mesh, x, mtf.import_fully_replicated(mesh, w1, [inp, hidden]),
                            mtf.import_fully_replicated(mesh, w2, [hidden, inp]))
     impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, _devices(mesh_shape))
     lowering = mtf.Lowering(graph, {mesh: impl})
@@ -139,19 +191,37 @@ def mtf_mlp_lowered_per_call(mesh_shape: str, layout: str) -> Callable:
   return step
 
 
-def mtf_mlp_function(mesh_shape: str, layout: str) -> Callable:
-  x, w1_value, w2_value = _mlp_data()
-  inp, hidden = mtf.Dimension("inp", MLP_IN), mtf.Dimension("hidden", MLP_HIDDEN)
+def mtf_mlp_function(size: MlpSize, mesh_shape: str, layout: str) -> Callable:
+  x, w1_value, w2_value = _mlp_data(size)
+  inp, hidden = mtf.Dimension("inp", size.inp), mtf.Dimension("hidden", size.hidden)
   module = mtf.tf2.MeshModule(mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout,
                                                                          _devices(mesh_shape)))
 
   def fn(mesh, x):
     w1 = mtf.get_variable(mesh, "w1", [inp, hidden], initializer=tf.constant_initializer(w1_value))
     w2 = mtf.get_variable(mesh, "w2", [hidden, inp], initializer=tf.constant_initializer(w2_value))
-    loss, grads = _mtf_mlp(mesh, x, w1, w2)
+    loss, grads = _mtf_mlp(size, mesh, x, w1, w2)
     return [loss] + grads, []
-  step = module.function(fn, [tf2.TensorSpec([MLP_BATCH, MLP_IN], tf.float32)])
+  step = module.function(fn, [tf2.TensorSpec([size.batch, size.inp], tf.float32)])
   return lambda: [t.numpy() for t in step(x)]
+
+
+EAGER_FLOOR = "plain TF data-parallel 8 eager (floor)"
+FUNCTION_FLOOR = "plain TF data-parallel 8 tf.function (floor)"
+
+
+def mlp_cases(size: MlpSize) -> dict:
+  """Case name -> (call, the name of the floor it is compared with: the one in its own mode)."""
+  return {"plain TF eager": (plain_mlp_case(size, False), EAGER_FLOOR),
+          "plain TF tf.function": (plain_mlp_case(size, True), FUNCTION_FLOOR),
+          EAGER_FLOOR: (plain_data_parallel_mlp_case(size, False), EAGER_FLOOR),
+          FUNCTION_FLOOR: (plain_data_parallel_mlp_case(size, True), FUNCTION_FLOOR),
+          "mtf one device, lowered per call": (mtf_mlp_lowered_per_call(size, "all:1", ""), EAGER_FLOOR),
+          "mtf data-parallel 8, lowered per call": (
+              mtf_mlp_lowered_per_call(size, "all:8", "batch:all"), EAGER_FLOOR),
+          "mtf one device, mtf.tf2 function": (mtf_mlp_function(size, "all:1", ""), FUNCTION_FLOOR),
+          "mtf data-parallel 8, mtf.tf2 function": (
+              mtf_mlp_function(size, "all:8", "batch:all"), FUNCTION_FLOOR)}
 
 
 def _check_same(cases: dict) -> None:
@@ -169,6 +239,8 @@ def main(argv=None) -> None:
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated names of LAYOUTS")
+  parser.add_argument("--mlp", type=MlpSize.parse, default=MlpSize(),
+                      help="the eager MLP's BATCH,IN,HIDDEN (issue #37's: 512,1024,4096)")
   args = parser.parse_args(argv)
   tf.logging.set_verbosity(tf.logging.ERROR)
   print(f"load average before: {os.getloadavg()}; CPUs: {os.cpu_count()}")
@@ -191,20 +263,20 @@ def main(argv=None) -> None:
     print(f"| {name} | {s * 1e3:.1f} | {f * 1e3:.1f} | {f / s:.2f}x | {s_best * 1e3:.1f} | "
           f"{f_best * 1e3:.1f} | {f_best / s_best:.2f}x |")
 
-  mlp = {"plain TF eager": plain_mlp_case(False),
-         "plain TF tf.function": plain_mlp_case(True),
-         "mtf one device, lowered per call": mtf_mlp_lowered_per_call("all:1", ""),
-         "mtf data-parallel 8, lowered per call": mtf_mlp_lowered_per_call("all:8", "batch:all"),
-         "mtf one device, mtf.tf2 function": mtf_mlp_function("all:1", ""),
-         "mtf data-parallel 8, mtf.tf2 function": mtf_mlp_function("all:8", "batch:all")}
-  _check_same(mlp)
-  seconds = time_interleaved(mlp, args.reps, args.steps)
+  size = args.mlp
+  mlp = mlp_cases(size)
+  _check_same({name: call for name, (call, _) in mlp.items()})
+  seconds = time_interleaved({name: call for name, (call, _) in mlp.items()}, args.reps, args.steps)
   eager, eager_best = seconds["plain TF eager"]
-  print(f"\nEager MLP, batch {MLP_BATCH}, {MLP_IN} -> {MLP_HIDDEN} -> {MLP_IN}, forward + backward\n")
-  print("| case | ms (median) | ratio to plain TF eager | best ms | best ratio |")
-  print("|---|---|---|---|---|")
+  print(f"\nEager MLP, batch {size.batch}, {size.inp} -> {size.hidden} -> {size.inp}, forward + "
+        f"backward; the floor: plain TF over {NUM_CPUS} device-placed shards in the case's mode\n")
+  print("| case | ms (median) | ratio to plain TF eager | ratio to the floor | best ms | best ratio "
+        "| best ratio to the floor |")
+  print("|---|---|---|---|---|---|---|")
   for name, (s, best) in seconds.items():
-    print(f"| {name} | {s * 1e3:.2f} | {s / eager:.2f}x | {best * 1e3:.2f} | {best / eager_best:.2f}x |")
+    floor, floor_best = seconds[mlp[name][1]]
+    print(f"| {name} | {s * 1e3:.2f} | {s / eager:.2f}x | {s / floor:.2f}x | {best * 1e3:.2f} | "
+          f"{best / eager_best:.2f}x | {best / floor_best:.2f}x |")
   print(f"\nload average after: {os.getloadavg()}")
 
 
