@@ -107,4 +107,29 @@ def main(argv=None) -> int:
     return 1
   for path in explanation.pictures:
     print(f"wrote {path}")
+  _print_pipeline_schedule(graph)
   return 0
+
+
+def _print_pipeline_schedule(graph) -> None:
+  """For a pipelined layer stack (gin LayerStack.pipeline_stages): its pipeline line and picture."""
+  import math
+
+  import gin
+
+  from mesh_tensorflow._ops.pipeline_schedule import pipeline_schedule
+
+  def query(name, default):
+    try:
+      return gin.query_parameter(f"transformer.LayerStack.{name}")
+    except ValueError:
+      return default
+
+  blocks = {math.prod(d.size for d in v.stack_dims) for v in graph.all_variables if v.is_layer_stack}
+  if not blocks:
+    return
+  sched = pipeline_schedule(max(blocks), query("pipeline_stages", 1), query("num_microbatches", 1),
+                            query("pipeline_schedule", "fill_drain"), query("layers_per_stage_per_round", 1))
+  print(pipeline_search.pipeline_line(sched))
+  if sched.num_ticks <= pipeline_search.MAX_PICTURE_TICKS:
+    print(sched.picture())
