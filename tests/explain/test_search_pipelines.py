@@ -35,11 +35,13 @@ def test_no_pipeline_search_leaves_the_pipelines_out(capsys):
 
 def test_explaining_a_pipelined_layout_prints_its_bubble_and_schedule(capsys):
   argv = ["--gin_file=models/lm_base.gin", "--gin_param=num_layers = 4", "--gin_param=d_model = 32",
-          "--gin_param=d_ff = 64", "--gin_param=d_kv = 4", "--gin_param=transformer.LayerStack.pipeline_stages = 2",
-          "--gin_param=transformer.LayerStack.num_microbatches = 4", "--batch=8", "--length=8", "--vocab_size=32",
-          "--mesh_shape=stage:2;batch:2;model:2",
+          "--gin_param=d_ff = 64", "--gin_param=d_kv = 4",
+          "--gin_param=transformer.LayerStack.pipeline_stages = 2",
+          "--gin_param=transformer.LayerStack.num_microbatches = 4", "--batch=8", "--length=8",
+          "--vocab_size=32", "--mesh_shape=stage:2;batch:2;model:2",
           "--layout=stages:stage;batch:batch;d_ff:model;heads:model;vocab:model"]
   assert cli.main(argv) == 0
   out = capsys.readouterr().out
-  assert "pipeline: 2 stages, 4 microbatches, 5 ticks of 2 layer(s), bubble 20.0% of every stage's ticks" in out
+  assert ("pipeline: 2 stages, 4 microbatches, 5 ticks of 2 layer(s), bubble 20.0% of every stage's "
+          "ticks") in out
   assert "stage 0: 0 1 2 3 .\nstage 1: . 0 1 2 3" in out
