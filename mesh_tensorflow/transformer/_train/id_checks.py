@@ -177,8 +177,8 @@ class IdCheck:
     if self.policy.skip:
       return BadIdsError(
           f"{self.policy.max_skipped_in_a_row} batches in a row hold ids outside the vocabulary "
-          f"(bad_id_batches.max_skipped_in_a_row), the last {self.where(bad)}: {self.describe(bad)}. "
-          f"Stopped: the data was encoded with another vocabulary than utils.run.vocabulary.")
+          f"(bad_id_batches.max_skipped_in_a_row); stopped at {self.where(bad)}: {self.describe(bad)}. "
+          f"The data was encoded with another vocabulary than utils.run.vocabulary.")
     return BadIdsError(
         f"Refused {self.where(bad)} before it was used: {self.describe(bad)}. Re-encode "
         f"that data with utils.run.vocabulary, or set bad_id_batches.skip = True (gin) to skip such batches.")
