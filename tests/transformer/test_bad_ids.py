@@ -74,6 +74,18 @@ def test_skipping_trains_on_without_the_bad_batch_and_counts_it(tmp_path, corpus
           "('targets', 1000).") in out
 
 
+def test_a_resumed_skipping_run_reads_what_an_uninterrupted_one_reads_and_counts_no_batch_twice(tmp_path,
+                                                                                                   corpus):
+  uninterrupted = train(tmp_path / "whole", corpus, _batches(5, bad=2), 5, "bad_id_batches.skip = True")
+  first = train(tmp_path / "resumed", corpus, _batches(5, bad=2), 3, "bad_id_batches.skip = True")
+  second = train(tmp_path / "resumed", corpus, _batches(5, bad=2), 5, "bad_id_batches.skip = True")
+  assert (uninterrupted["skipped_bad_id_batches"], first["skipped_bad_id_batches"],
+          second["skipped_bad_id_batches"]) == (1, 1, 0)
+  whole, resumed = (progress.read_scalars(str(tmp_path / d), "loss") for d in ("whole", "resumed"))
+  assert [s for s, _ in resumed] == [1, 2, 3, 4, 5]
+  np.testing.assert_allclose([v for _, v in resumed], [v for _, v in whole], rtol=1e-6)
+
+
 def test_skipping_stops_after_max_skipped_in_a_row(tmp_path, corpus):
   batches = _batches(5, bad=1)
   batches[2, 0, 0] = BAD_ID
