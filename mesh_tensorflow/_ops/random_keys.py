@@ -2,7 +2,7 @@
 
 An op made inside `scope(name)` is `<name>/<j>`, the j-th random op of that scope, so the same
 layer code draws the same values however much else the graph holds (the Transformer's LayerStack
-opens one scope per layer, named after the layer). Any other op is `#<n>`, the n-th such random
+opens one scope per layer, named after the layer). Any other op is `<n>`, the n-th such random
 op of its mtf Graph: a program built again (eagerly, or in another process) numbers its random
 ops alike, whatever name scopes TF made unique.
 
@@ -92,8 +92,8 @@ def key_name(graph, shape) -> tuple:
     innermost.count += 1
     return f"{innermost.name}/{innermost.count - 1}", None
   counts = _counts.setdefault(graph, collections.Counter())
-  counts["#"] += 1
-  return f"#{counts['#'] - 1}", None
+  counts["unscoped"] += 1
+  return str(counts["unscoped"] - 1), None
 
 
 def _in_pipeline(context: Stagewise, scopes: list, shape) -> tuple:

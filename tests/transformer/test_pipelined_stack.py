@@ -127,10 +127,12 @@ def test_pipelined_lm_with_dropout_trains_with_the_unpipelined_masks(tmp_path, m
   differ from a run without dropout)."""
   start = str(tmp_path / "start")
   _train(_lm(4, dropout_rate=0.2), UNPIPELINED, 0, start)
-  want, _ = _train(_lm(4, dropout_rate=0.2), UNPIPELINED, 20, str(tmp_path / "a"), restore=start, optimizer="sgd")
-  plain, _ = _train(_lm(4, dropout_rate=0.0), UNPIPELINED, 20, str(tmp_path / "b"), restore=start, optimizer="sgd")
-  model = _lm(4, dropout_rate=0.2, pipeline_stages=stages, num_microbatches=microbatches, pipeline_schedule=schedule)
-  got, _ = _train(model, MESHES[mesh], 20, str(tmp_path / "c"), restore=start, optimizer="sgd")
+  sgd = {"restore": start, "optimizer": "sgd"}
+  want, _ = _train(_lm(4, dropout_rate=0.2), UNPIPELINED, 20, str(tmp_path / "a"), **sgd)
+  plain, _ = _train(_lm(4, dropout_rate=0.0), UNPIPELINED, 20, str(tmp_path / "b"), **sgd)
+  model = _lm(4, dropout_rate=0.2, pipeline_stages=stages, num_microbatches=microbatches,
+              pipeline_schedule=schedule)
+  got, _ = _train(model, MESHES[mesh], 20, str(tmp_path / "c"), **sgd)
   np.testing.assert_allclose(got, want, rtol=1e-5)
   assert np.abs(plain - want).max() > 1e-3
 
