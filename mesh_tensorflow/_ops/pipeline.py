@@ -287,7 +287,7 @@ class _Weights:
       return w
     out_shape = Shape([self._stage_dim] + shape.dims)
     if len(set(slots)) == 1:
-      # a slice, as mtf.gather's gradient reads the forward op's index, unusable under recompute
+      # every stage reads the same slot: a slice, no selection
       return reshape_ops.reshape(slicing_ops.mtf_slice(w, slots[0], 1, self._slot_dim.name), out_shape)
     choice = np.eye(self._slot_dim.size)[slots]  # [stage, slot]: each stage's slot this tick
     selector = io_ops.constant(self._mesh, choice, Shape([self._stage_dim, self._slot_dim]), w.dtype)

@@ -21,6 +21,7 @@ import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer._train import progress
+from mesh_tensorflow.transformer._train.skip_policy import SkipPolicy, skip_policy
 from mesh_tensorflow.transformer._utils import GIN_MODULE
 
 SKIPPED_TAG = "skipped_bad_id_batches"  # TensorBoard scalar: the batches this run skipped so far
@@ -32,19 +33,10 @@ class BadIdsError(ValueError):
   """A batch holds an id outside its feature's vocabulary."""
 
 
-@dataclasses.dataclass(frozen=True)
-class BadIdPolicy:
-  skip: bool = False
-  max_skipped_in_a_row: int = 10
-
-
 @gin.configurable("bad_id_batches", module=GIN_MODULE)
-def bad_id_policy(skip: bool = False, max_skipped_in_a_row: int = 10) -> BadIdPolicy:
+def bad_id_policy(skip: bool = False, max_skipped_in_a_row: int = 10) -> SkipPolicy:
   """What the driver does with a batch holding ids outside the vocabulary: stop (default), or skip it."""
-  if not isinstance(max_skipped_in_a_row, int) or max_skipped_in_a_row < 1:
-    raise ValueError(f"bad_id_batches.max_skipped_in_a_row = {max_skipped_in_a_row!r}: expected a positive "
-                     f"int (how many bad batches in a row end the run).")
-  return BadIdPolicy(bool(skip), max_skipped_in_a_row)
+  return skip_policy("bad_id_batches", "bad batches", skip, max_skipped_in_a_row)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +113,7 @@ class IdCheck:
   """
 
   def __init__(self, vocab_sizes: dict, where: Callable[[BadBatch], str],
-               policy: Optional[BadIdPolicy] = None):
+               policy: Optional[SkipPolicy] = None):
     self.vocab_sizes = dict(vocab_sizes)
     self.where = where
     self.policy = policy or bad_id_policy()

@@ -13,7 +13,6 @@ in a row, as mixed-precision users expect.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import gin
@@ -21,6 +20,7 @@ import tensorflow.compat.v1 as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer._train import progress
+from mesh_tensorflow.transformer._train.skip_policy import SkipPolicy, skip_policy
 from mesh_tensorflow.transformer._utils import GIN_MODULE
 
 SKIPPED_TAG = "skipped_steps"  # TensorBoard scalar: how many steps this run has skipped so far
@@ -30,19 +30,10 @@ class NonFiniteStepError(RuntimeError):
   """A training step's loss, gradient norm or learning rate is not finite."""
 
 
-@dataclasses.dataclass(frozen=True)
-class NonFinitePolicy:
-  skip: bool = False
-  max_skipped_in_a_row: int = 10
-
-
 @gin.configurable("non_finite_steps", module=GIN_MODULE)
-def non_finite_policy(skip: bool = False, max_skipped_in_a_row: int = 10) -> NonFinitePolicy:
+def non_finite_policy(skip: bool = False, max_skipped_in_a_row: int = 10) -> SkipPolicy:
   """What the loop does at a non-finite step: stop (default), or skip it (no update)."""
-  if not isinstance(max_skipped_in_a_row, int) or max_skipped_in_a_row < 1:
-    raise ValueError(f"non_finite_steps.max_skipped_in_a_row = {max_skipped_in_a_row!r}: expected a "
-                     f"positive int (how many non-finite steps in a row end the run).")
-  return NonFinitePolicy(bool(skip), max_skipped_in_a_row)
+  return skip_policy("non_finite_steps", "non-finite steps", skip, max_skipped_in_a_row)
 
 
 def gradient_norm(grads) -> mtf.Tensor:
@@ -81,7 +72,7 @@ def gate_updates(update_ops, finite: mtf.Tensor) -> list:
 class NonFiniteWatch:
   """Checks each step's values in the loop; counts skipped steps and says when to stop."""
 
-  def __init__(self, policy: NonFinitePolicy, writer, print_fn):
+  def __init__(self, policy: SkipPolicy, writer, print_fn):
     self._policy = policy
     self._writer = writer
     self._print = print_fn
