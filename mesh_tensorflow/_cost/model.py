@@ -15,6 +15,26 @@ from mesh_tensorflow._lowering.dry_run import dry_run
 
 
 @dataclasses.dataclass(frozen=True)
+class StepCost:
+  """A layout's per-processor step cost derived from other costings (extrapolated to a depth, or
+  priced for a pipeline), without events: what the fits, step and predicted lines read."""
+
+  mesh_shape: object
+  layout_rules: object
+  time_model: object
+  num_layers: int
+  compute_s: float
+  comm_s: float
+  overhead_s: float
+  flops: float
+  memory: memory_lib.MemoryReport
+
+  @property
+  def step_s(self) -> float:
+    return self.compute_s + self.comm_s + self.overhead_s
+
+
+@dataclasses.dataclass(frozen=True)
 class CostReport:
   """What one processor does in a step under `layout_rules` on `mesh_shape`, and how long it takes.
 

@@ -25,31 +25,18 @@ from typing import Callable
 
 from mesh_tensorflow._core.dims import convert_to_shape
 from mesh_tensorflow._core.layout import convert_to_layout_rules
-from mesh_tensorflow._cost import memory as memory_lib
+from mesh_tensorflow._cost import model as cost_model
 from mesh_tensorflow._ops.pipeline_schedule import PipelineSchedule
 
 FORWARD_SHARE = 1 / 3  # of a layer's forward-and-backward FLOPs: what recomputation repeats
 
 
 @dataclasses.dataclass(frozen=True)
-class PipelineCost:
-  """A pipelined layout's per-processor cost; it has what the fits and predicted lines read."""
+class PipelineCost(cost_model.StepCost):
+  """A pipelined layout's per-processor cost."""
 
-  mesh_shape: object
-  layout_rules: object
-  time_model: object
-  num_layers: int
   schedule: PipelineSchedule
   recompute: bool
-  compute_s: float
-  comm_s: float
-  overhead_s: float
-  flops: float
-  memory: memory_lib.MemoryReport
-
-  @property
-  def step_s(self) -> float:
-    return self.compute_s + self.comm_s + self.overhead_s
 
   @property
   def bubble_fraction(self) -> float:

@@ -23,8 +23,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from mesh_tensorflow._core.dims import convert_to_shape
-from mesh_tensorflow._core.layout import LayoutRules, convert_to_layout_rules
+from mesh_tensorflow._core.layout import convert_to_layout_rules
 from mesh_tensorflow._cost import memory as memory_lib
+from mesh_tensorflow._cost import model as cost_model
 from mesh_tensorflow._cost.time_model import get_time_model
 from mesh_tensorflow.auto_mtf import _solver, valid_layouts
 
@@ -49,27 +50,13 @@ def extrapolate_memory(shallow: memory_lib.MemoryReport, deep: memory_lib.Memory
 
 
 @dataclasses.dataclass(frozen=True)
-class DepthCost:
+class DepthCost(cost_model.StepCost):
   """One layout's per-processor cost at `num_layers` layers, extrapolated from costings at `depths`.
 
-  It has the attributes of a CostReport that the fits and predicted lines read (`step_s`,
-  `flops`, `memory`, `time_model`, `mesh_shape`, `layout_rules`); events are not extrapolated.
+  Events are not extrapolated.
   """
 
-  mesh_shape: object
-  layout_rules: LayoutRules
-  time_model: object
-  num_layers: int
   depths: tuple
-  compute_s: float
-  comm_s: float
-  overhead_s: float
-  flops: float
-  memory: memory_lib.MemoryReport
-
-  @property
-  def step_s(self) -> float:
-    return self.compute_s + self.comm_s + self.overhead_s
 
   @classmethod
   def from_reports(cls, shallow, deep, depths: Sequence[int], num_layers: int) -> DepthCost:
