@@ -88,12 +88,25 @@ class _Progress:
         self.step = int(match.group(1))
 
 
-def _pump(stream, rank: int, out, progress: _Progress) -> None:
+class _LineWriter:
+  """Writes whole lines from several threads: a task stopped mid-line gets its line ended, so the
+  launcher's own lines always start a line of their own."""
+
+  def __init__(self, out):
+    self._out = out
+    self._lock = threading.Lock()
+
+  def write_line(self, text: str) -> None:
+    with self._lock:
+      self._out.write(text if text.endswith("\n") else text + "\n")
+      self._out.flush()
+
+
+def _pump(stream, rank: int, out: _LineWriter, progress: _Progress) -> None:
   for line in iter(stream.readline, b""):
     text = line.decode(errors="replace")
     progress.read(rank, text)
-    out.write(f"[{rank}] {text}")
-    out.flush()
+    out.write_line(f"[{rank}] {text}")
   stream.close()
 
 
@@ -116,6 +129,7 @@ class Launch:
     self.devices_per_process = devices_per_process
     self.timeout_seconds = timeout_seconds
     self.out = out or sys.stdout
+    self._lines = _LineWriter(self.out)
     self.max_restarts = max_restarts
     self.checkpoint_dir = checkpoint_dir
     self.processes = []
@@ -143,7 +157,7 @@ class Launch:
     for rank, tf_config in ranks:
       process = subprocess.Popen(self.command, env=self._env(tf_config), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, start_new_session=True)
-      pump = threading.Thread(target=_pump, args=(process.stdout, rank, self.out, self.progress),
+      pump = threading.Thread(target=_pump, args=(process.stdout, rank, self._lines, self.progress),
                               daemon=True)
       pump.start()
       self.processes.append((rank, process))
@@ -207,8 +221,7 @@ class Launch:
         p.wait()
 
   def _say(self, message: str) -> None:
-    self.out.write(f"[launch] {message}\n")
-    self.out.flush()
+    self._lines.write_line(f"[launch] {message}")
 
   def run(self) -> int:
     """Starts the tasks and waits for them (call from the main thread).

@@ -55,6 +55,14 @@ def test_failing_task_stops_the_others_and_its_status_is_the_launchers(no_tf_con
     os.kill(sleeper, 0)
 
 
+def test_a_task_stopped_mid_line_gets_its_line_ended_before_the_launchers_line(no_tf_config, capsys):
+  script = "import sys; sys.stdout.write('half a line'); sys.stdout.flush(); sys.exit(3)"
+  status = main(["--num_processes", "1", "--", sys.executable, "-c", script])
+  lines = capsys.readouterr().out.splitlines()
+  assert status == 3
+  assert lines == ["[0] half a line", "[launch] task 0 exited with status 3; stopping the other tasks"]
+
+
 def test_scheduler_tf_config_runs_the_command_once_as_that_task(monkeypatch, capsys):
   config = tf_configs(4, ports=[1, 2, 3, 4])[2]
   monkeypatch.setenv("TF_CONFIG", json.dumps(config))
