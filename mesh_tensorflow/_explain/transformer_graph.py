@@ -17,6 +17,7 @@ def build_transformer_graph(
   length: int = 32,
   vocab_size: int = 256,
   tf_graph=None,
+  outer_batch_size: int = 1,
 ) -> tuple:
   """(mtf Graph, loss) of one training step (loss, gradients, optimizer updates) of a gin Transformer.
 
@@ -31,6 +32,8 @@ def build_transformer_graph(
     batch, length, vocab_size: the features' batch size, sequence length and vocabulary.
     tf_graph: the TF graph holding the master variables and features (default: a new one); pass
       the graph a real lowering of the step will be built in.
+    outer_batch_size: > 1 splits the features' batch into `outer_batch` x `batch` dimensions, as
+      tpu_estimator_model_fn.outer_batch_size does (a pipeline's microbatches, say).
   """
   import gin
 
@@ -49,11 +52,8 @@ def build_transformer_graph(
   mesh = mtf.Mesh(graph, "my_mesh")
   ids = np.random.RandomState(0).randint(2, vocab_size, size=(batch, length)).astype(np.int32)
   with (tf_graph or tf.Graph()).as_default():
-    shape = mtf.convert_to_shape(f"batch:{batch};length:{length}")
-    features = {
-      k: mtf.import_tf_tensor(mesh, tf.constant(v), shape)
-      for k, v in {"inputs": ids, "targets": np.roll(ids, 1, axis=1)}.items()
-    }
+    features = model_fn._import_features(
+      mesh, {"inputs": tf.constant(ids), "targets": tf.constant(np.roll(ids, 1, axis=1))}, outer_batch_size)
     _, loss = model_fn._call_model(model, features, "train", utils.get_variable_dtype(), compute_loss=True)
     variables = graph.trainable_variables
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])

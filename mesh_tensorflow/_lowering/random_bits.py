@@ -143,7 +143,9 @@ class StagewiseGeometry(SliceGeometry):
 
   The op's shape is [stages, <the unpipelined op's dims, batch cut to a microbatch>]. Stage s
   uses key[s] (its layer's op key), and its element at microbatch row r is row r * M + m_s of
-  the unpipelined tensor (m_s: the microbatch the stage runs), whose flat index it hashes.
+  the unpipelined tensor (m_s: the microbatch the stage runs), whose flat index it hashes. With
+  microbatches given as the unpipelined op's leading dimension, that element's flat index is
+  m_s times a microbatch's size plus its index within the microbatch.
 
   Args:
     full_shape, slice_shape, split_axes: as for SliceGeometry, of the pipelined op.
@@ -187,6 +189,8 @@ class StagewiseGeometry(SliceGeometry):
         size *= k.num_microbatches
       ret = ret + tf.cast(positions, _U64) * tf.constant(stride, _U64)
       stride *= size
+    if k.microbatch_major:
+      ret = ret + tf.cast(self._along(micro, k.stage_axis), _U64) * tf.constant(stride, _U64)
     return ret
 
   def element_keys(self, pnum, key):

@@ -21,6 +21,7 @@ from mesh_tensorflow._core.errors import LayoutError
 from mesh_tensorflow._core.layout import convert_to_layout_rules
 from mesh_tensorflow._core.tensor import Tensor
 from mesh_tensorflow._ops import _checks as checks
+from mesh_tensorflow._ops import binary as binary_ops
 from mesh_tensorflow._ops import custom_gradient as custom_gradient_ops
 from mesh_tensorflow._ops import einsum as einsum_ops
 from mesh_tensorflow._ops import elementwise as elementwise_ops
@@ -41,8 +42,8 @@ MICROBATCH_DIM_NAME = "pipeline_microbatches"
 def pipeline(layer_fn: Callable, x: Tensor, num_layers: int, stage_dim, batch_dim,
              num_microbatches: int, *, schedule: str = "fill_drain", layers_per_round: int = 1,
              recompute: bool = False, side_inputs: Sequence[Tensor] = (),
-             layer_scopes: Optional[Sequence[str]] = None, mesh_shape=None, layout=None,
-             name: str = "pipeline") -> Tensor:
+             layer_scopes: Optional[Sequence[str]] = None, microbatch_dim=None, mesh_shape=None,
+             layout=None, name: str = "pipeline") -> Tensor:
   """Applies `num_layers` structurally identical layers to x, pipelined over `stage_dim`.
 
   The batch is cut into microbatches; each of the schedule's ticks runs `layer_fn` on every stage
@@ -80,6 +81,12 @@ def pipeline(layer_fn: Callable, x: Tensor, num_layers: int, stage_dim, batch_di
       then each weight is one variable per layer, named `<scope>/<name>` and shaped as an
       unpipelined model's (so checkpoints do not depend on the pipeline), stacked for the
       stages by an mtf.LayerStackVariable; the initializer initializes each layer's variable.
+    microbatch_dim: a dimension of x (and of the side inputs) that already indexes the
+      microbatches, e.g. a Transformer's `outer_batch`: microbatch m is x's entry m along it,
+      num_microbatches must be its size, batch_dim is not cut, and h lacks microbatch_dim. Its
+      layout may split it over the stage mesh dimension (`outer_batch:stage`), so the work before
+      and after the pipeline (embeddings, loss) splits over the stages too instead of running on
+      every stage's processors in full; each tick then also sums a microbatch over the stages.
     mesh_shape, layout: the mesh shape and layout rules the graph will be lowered with. Given,
       they are checked now (see Raises); otherwise the layout check at lowering catches them.
     name: the variable scope of the layers' variables.
@@ -105,37 +112,109 @@ def pipeline(layer_fn: Callable, x: Tensor, num_layers: int, stage_dim, batch_di
   batch_dim = convert_to_dimension(batch_dim)
   checks.check_dim_in("pipeline", "batch_dim", batch_dim, x)
   _check_stage_dim_is_new(stage_dim, x)
+  if microbatch_dim is None:
+    microbatches = _CutBatch(batch_dim, num_microbatches)
+  else:
+    microbatches = _GivenMicrobatches(convert_to_dimension(microbatch_dim), num_microbatches, x)
   for side in side_inputs:
-    checks.check_dim_in("pipeline", "side_inputs", batch_dim, side)
+    checks.check_dim_in("pipeline", "side_inputs", microbatches.dim, side)
   if layer_scopes is not None and len(layer_scopes) != num_layers:
     raise ValueError(f"pipeline: got {len(layer_scopes)} layer_scopes for {num_layers} layers; give one "
                      f"variable scope per layer.")
   sched = pipeline_schedule(num_layers, stage_dim.size, num_microbatches, schedule, layers_per_round)
-  _check_microbatches_divide_batch(batch_dim, num_microbatches)
   if mesh_shape is not None or layout is not None:
-    _check_layout(stage_dim, batch_dim, num_microbatches, mesh_shape, layout)
-  micro_dim = Dimension(MICROBATCH_DIM_NAME, num_microbatches)
-  small_batch_dim = Dimension(batch_dim.name, batch_dim.size // num_microbatches)
-  def in_microbatches(t):
-    return reshape_ops.replace_dimensions(t, batch_dim, [small_batch_dim, micro_dim])
-
-  pieces = slicing_ops.unstack(in_microbatches(x), micro_dim)
-  sides = [in_microbatches(t) for t in side_inputs]
+    microbatches.check_layout(stage_dim, mesh_shape, layout)
   outer_scope = tf.get_variable_scope()
   with tf.variable_scope(name):
     weights = _Weights(sched, stage_dim, x.mesh, outer_scope, layer_scopes)
-    outputs = _Ticks(layer_fn, sched, stage_dim, x.mesh, x.dtype, recompute, weights, sides,
-                     small_batch_dim).run(pieces)
-  axis = outputs[0].shape.dims.index(small_batch_dim) + 1
-  stacked = slicing_ops.stack(outputs, micro_dim.name, axis=axis)
-  return reshape_ops.replace_dimensions(stacked, [small_batch_dim, micro_dim], batch_dim)
+    outputs = _Ticks(layer_fn, sched, stage_dim, x.mesh, x.dtype, recompute, weights,
+                     [microbatches.side(t) for t in side_inputs], microbatches).run(microbatches.pieces(x))
+  return microbatches.joined(outputs, x)
+
+
+class _CutBatch:
+  """Microbatches cut from batch_dim: microbatch m holds rows m, M + m, 2M + m, ... of the batch."""
+
+  def __init__(self, batch_dim: Dimension, num_microbatches: int):
+    _check_microbatches_divide_batch(batch_dim, num_microbatches)
+    self.dim = batch_dim
+    self.stage_batch_dim = Dimension(batch_dim.name, batch_dim.size // num_microbatches)  # in h
+    self._micro_dim = Dimension(MICROBATCH_DIM_NAME, num_microbatches)
+    self._num_microbatches = num_microbatches
+
+  def _in_microbatches(self, t: Tensor) -> Tensor:
+    return reshape_ops.replace_dimensions(t, self.dim, [self.stage_batch_dim, self._micro_dim])
+
+  def pieces(self, x: Tensor) -> list:
+    return slicing_ops.unstack(self._in_microbatches(x), self._micro_dim)
+
+  def side(self, t: Tensor) -> Tensor:
+    """t with the microbatch dimension MICROBATCH_DIM_NAME (replicated: it may not be split)."""
+    return self._in_microbatches(t)
+
+  def joined(self, outputs: list, x: Tensor) -> Tensor:
+    axis = outputs[0].shape.dims.index(self.stage_batch_dim) + 1
+    stacked = slicing_ops.stack(outputs, self._micro_dim.name, axis=axis)
+    return reshape_ops.replace_dimensions(stacked, [self.stage_batch_dim, self._micro_dim], self.dim)
+
+  def stagewise(self, stage_dim_name: str, stage_scopes: list, microbatches: list) -> random_keys.Stagewise:
+    return random_keys.Stagewise(stage_dim_name, self.dim.name, self._num_microbatches, stage_scopes,
+                                 microbatches)
+
+  def check_layout(self, stage_dim: Dimension, mesh_shape, layout) -> None:
+    _check_layout(stage_dim, self.dim, self._num_microbatches, mesh_shape, layout)
+
+
+class _GivenMicrobatches:
+  """Microbatches given as a dimension of x: microbatch m is x's entry m along it.
+
+  Each is picked out by a one-hot einsum, which sums over that dimension's mesh dimension where
+  the layout splits it, and the outputs are put back the same way, so the dimension may be
+  split over any mesh dimension, the stages' included.
+  """
+
+  def __init__(self, microbatch_dim: Dimension, num_microbatches: int, x: Tensor):
+    checks.check_dim_in("pipeline", "microbatch_dim", microbatch_dim, x)
+    if microbatch_dim.size != num_microbatches:
+      raise ValueError(
+          f"pipeline: num_microbatches={num_microbatches}, but microbatch_dim {microbatch_dim.name!r} "
+          f"holds {microbatch_dim.size} microbatches; give num_microbatches={microbatch_dim.size}.")
+    self.dim = microbatch_dim
+    self.stage_batch_dim = None
+    self._micro_dim = Dimension(MICROBATCH_DIM_NAME, num_microbatches)
+    self._mesh = x.mesh
+
+  def _one_hot(self, m: int, dtype) -> Tensor:
+    return io_ops.constant(self._mesh, np.eye(self.dim.size)[m], Shape([self.dim]), dtype)
+
+  def pieces(self, x: Tensor) -> list:
+    return [einsum_ops.einsum([x, self._one_hot(m, x.dtype)], output_shape=_without(x.shape, self.dim))
+            for m in range(self.dim.size)]
+
+  def side(self, t: Tensor) -> Tensor:
+    """t with the microbatches moved to the dimension MICROBATCH_DIM_NAME (replicated)."""
+    dtype = t.dtype if t.dtype.is_floating else tf.float32  # ids stay exact in float32
+    value = t if t.dtype == dtype else elementwise_ops.cast(t, dtype)
+    stacked = slicing_ops.stack(self.pieces(value), self._micro_dim.name, axis=len(value.shape) - 1)
+    return stacked if t.dtype == dtype else elementwise_ops.cast(stacked, t.dtype)
+
+  def joined(self, outputs: list, x: Tensor) -> Tensor:
+    return binary_ops.add_n([einsum_ops.einsum([out, self._one_hot(m, out.dtype)], output_shape=x.shape)
+                                  for m, out in enumerate(outputs)])
+
+  def stagewise(self, stage_dim_name: str, stage_scopes: list, microbatches: list) -> random_keys.Stagewise:
+    return random_keys.Stagewise(stage_dim_name, None, self.dim.size, stage_scopes, microbatches)
+
+  def check_layout(self, stage_dim: Dimension, mesh_shape, layout) -> None:
+    """Any layout of the microbatch dimension works; the stages still need a mesh dimension."""
+    del stage_dim, mesh_shape, layout
 
 
 class _Ticks:
   """Builds the schedule's ticks, one after another, for one pipeline call."""
 
   def __init__(self, layer_fn: Callable, sched: PipelineSchedule, stage_dim: Dimension, mesh,
-               dtype, recompute: bool, weights: _Weights, sides: list, micro_dim: Optional[Dimension]):
+               dtype, recompute: bool, weights: _Weights, sides: list, microbatches):
     self._layer_fn = layer_fn
     self._sched = sched
     self._stage_dim = stage_dim
@@ -143,7 +222,7 @@ class _Ticks:
     self._recompute = recompute
     self._weights = weights
     self._sides = sides
-    self._micro_dim = micro_dim
+    self._microbatches = microbatches  # _CutBatch or _GivenMicrobatches
     eye = np.eye(stage_dim.size)
     self._first = io_ops.constant(mesh, eye[0], Shape([stage_dim]), dtype)
     self._not_first = io_ops.constant(mesh, 1 - eye[0], Shape([stage_dim]), dtype)
@@ -239,17 +318,16 @@ class _Ticks:
   def _random_keys(self, tick: int, slots: list):
     """With per-layer scopes: random ops of the layer draw, per stage, as its layer unpipelined."""
     scopes = self._weights.layer_scope_names
-    if scopes is None or self._micro_dim is None:
+    if scopes is None:
       return contextlib.nullcontext()
     sched = self._sched
-    stage_scopes, microbatches = [], []
+    stage_scopes, running = [], []
     for s in range(sched.num_stages):
       work = sched.work(tick, s)
       layer = sched.layer_at(s, slots[s])
       stage_scopes.append(None if work is None else scopes[layer])
-      microbatches.append(0 if work is None else work[1])
-    return random_keys.stagewise(random_keys.Stagewise(
-        self._stage_dim.name, self._micro_dim.name, sched.num_microbatches, stage_scopes, microbatches))
+      running.append(0 if work is None else work[1])
+    return random_keys.stagewise(self._microbatches.stagewise(self._stage_dim.name, stage_scopes, running))
 
   def _slots(self, tick: int, k: int) -> list:
     """The weight slot each stage reads for the k-th layer of this tick (idle stages: any slot)."""

@@ -36,14 +36,17 @@ class Stagewise:
 
   Attributes:
     stage_dim_name: the pipeline's stage dimension.
-    batch_dim_name: the batch dimension (cut into num_microbatches microbatches).
-    num_microbatches: M; a microbatch's row r is row r * M + m of the whole batch.
+    batch_dim_name: the batch dimension cut into num_microbatches microbatches (a microbatch's row
+      r is row r * M + m of the whole batch), or None when the microbatches were given as a
+      dimension of their own, the unpipelined op's leading one (microbatch m's elements follow
+      the m earlier microbatches').
+    num_microbatches: M.
     stage_scopes: per stage, its layer's unpipelined scope name, or None where the stage idles.
     microbatches: per stage, the microbatch it runs (0 where it idles).
   """
 
   stage_dim_name: str
-  batch_dim_name: str
+  batch_dim_name: Optional[str]
   num_microbatches: int
   stage_scopes: Sequence[Optional[str]]
   microbatches: Sequence[int]
@@ -59,6 +62,7 @@ class StagewiseKeys:
   num_microbatches: int
   names: tuple  # per stage: the unpipelined op's key name, or None (idle)
   microbatches: tuple
+  microbatch_major: bool = False  # the microbatches are the unpipelined op's leading dimension
 
 
 @contextlib.contextmanager
@@ -109,4 +113,4 @@ def _in_pipeline(context: Stagewise, scopes: list, shape) -> tuple:
   per_stage = tuple(None if s is None else f"{s}{prefix}/{index}" for s in context.stage_scopes)
   batch_axis = names.index(context.batch_dim_name) if context.batch_dim_name in names else None
   return own, StagewiseKeys(names.index(context.stage_dim_name), batch_axis, context.num_microbatches,
-                            per_stage, tuple(context.microbatches))
+                            per_stage, tuple(context.microbatches), context.batch_dim_name is None)

@@ -97,6 +97,57 @@ def test_pipelined_mlp_loss_and_gradients_equal_the_layer_by_layer_model(
     assert_allclose(g, e, rtol=1e-5, atol=1e-5)
 
 
+def _pipelined_given_microbatches(sched, schedule, initial, mesh_shape, layout):
+  """As _pipelined, x given as [micro, batch / M, d_model] with microbatch_dim=micro."""
+  x_value, target = _inputs()
+  micro = sched.num_microbatches
+  shape = f"micro:{micro};batch:{BATCH // micro};d_model:{D_MODEL}"
+  layers_per_round = sched.layers_per_tick if schedule == "circular" else 1
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(x_value.reshape(micro, -1, D_MODEL)), shape=shape)
+    y = mtf.pipeline(lambda h, get: _mlp_layer(h, get, initial), x, sched.num_layers,
+                     mtf.Dimension("stages", sched.num_stages), x.shape.get_dim_by_name("batch"), micro,
+                     schedule=schedule, layers_per_round=layers_per_round,
+                     microbatch_dim=x.shape.get_dim_by_name("micro"))
+    loss = mtf.reduce_sum(y * mtf.import_tf_tensor(mesh, tf.constant(target.reshape(micro, -1, D_MODEL)),
+                                                   shape=shape))
+    variables = {v.name.split("/")[-1]: v.outputs[0] for v in mesh.graph.trainable_variables}
+    return [y, loss] + mtf.gradients([loss], [variables["w1"], variables["w2"]])
+
+  y, *rest = lower_and_evaluate(build, mesh_shape, layout)
+  return [y.reshape(BATCH, D_MODEL)] + rest
+
+
+# the microbatches split over the stages' mesh dimension (or not), as a Transformer's outer_batch
+GIVEN_MICROBATCH_MESHES = [
+    ("stage:8", "stages:stage;micro:stage", 8, 8, 8),
+    ("stage:4;batch:2", "stages:stage;micro:stage;batch:batch", 4, 8, 4),
+    ("stage:2;batch:2;model:2", "stages:stage;micro:stage;batch:batch;d_ff:model", 2, 4, 4),
+    ("stage:2;batch:4", "stages:stage;batch:batch", 2, 4, 2),
+]
+
+
+@pytest.mark.parametrize("mesh_shape, layout, stages, layers, microbatches", GIVEN_MICROBATCH_MESHES,
+                         ids=[m[1] for m in GIVEN_MICROBATCH_MESHES])
+@pytest.mark.parametrize("schedule", ["fill_drain", "circular"])
+def test_microbatches_given_as_a_dimension_split_over_the_stages_give_the_layer_by_layer_model(
+    mesh_shape, layout, stages, layers, microbatches, schedule):
+  sched = mtf.pipeline_schedule(layers * (2 if schedule == "circular" else 1), stages, microbatches, schedule)
+  initial = _stacked_weights(sched)
+  got = _pipelined_given_microbatches(sched, schedule, initial, mesh_shape, layout)
+  for g, e in zip(got, _layer_by_layer(sched, initial)):
+    assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_given_microbatches_must_number_num_microbatches():
+  graph = mtf.Graph()
+  x = mtf.zeros(mtf.Mesh(graph, "m"), f"micro:4;batch:2;d_model:{D_MODEL}")
+  with pytest.raises(ValueError, match="'micro' holds 4 microbatches; give num_microbatches=4"):
+    mtf.pipeline(lambda h, get: h, x, 4, mtf.Dimension("stages", 2), x.shape.get_dim_by_name("batch"), 2,
+                 microbatch_dim=x.shape.get_dim_by_name("micro"))
+
+
 def test_recomputed_ticks_give_the_same_loss_and_gradients():
   sched = mtf.pipeline_schedule(8, 4, 2, "circular")
   initial = _stacked_weights(sched)
