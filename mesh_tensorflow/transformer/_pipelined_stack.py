@@ -16,6 +16,7 @@ initial values.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import tensorflow.compat.v1 as tf
 
@@ -63,12 +64,15 @@ def call_pipelined(stack, options: PipelineOptions, context, x: mtf.Tensor) -> m
   """stack's layers on x, as a pipeline of options.num_stages stages."""
   blocks = blocks_of(stack.layers)
   batch_dim = _batch_dim(context, x)
+  given = _given_microbatches(context, x, batch_dim, options.num_microbatches)
   sides = [(name, getattr(context, name)) for name in _BATCHED_CONTEXT_ATTRIBUTES
            if _is_batched(getattr(context, name, None), batch_dim)
            and not (name == "position" and context.position_is_default)]
   template = blocks[0]
   stage_dim = mtf.Dimension(options.stage_dim_name, options.num_stages)
-  micro_batch_dim = mtf.Dimension(batch_dim.name, batch_dim.size // max(options.num_microbatches, 1))
+  # a microbatch's batch dimension inside the pipeline (None: the given microbatches' is dropped)
+  micro_batch_dim = None if given else mtf.Dimension(batch_dim.name,
+                                                     batch_dim.size // max(options.num_microbatches, 1))
   scopes = [block[0].name.partition("/")[0] for block in blocks]
   if batch_dim.size % options.num_microbatches == 0:  # else mtf.pipeline explains the mistake
     requests = _variable_requests(stack, template, context, x, sides, stage_dim, batch_dim, micro_batch_dim)
@@ -100,9 +104,10 @@ def call_pipelined(stack, options: PipelineOptions, context, x: mtf.Tensor) -> m
     return h
 
   y = mtf.pipeline(
-      layer_fn, x, len(blocks), stage_dim, batch_dim, options.num_microbatches, schedule=options.schedule,
-      layers_per_round=options.layers_per_round, recompute=stack.recompute_grads,
-      side_inputs=[value for _, value in sides], layer_scopes=scopes)
+      layer_fn, x, len(blocks), stage_dim, given or batch_dim, options.num_microbatches,
+      schedule=options.schedule, layers_per_round=options.layers_per_round, recompute=stack.recompute_grads,
+      side_inputs=[value for _, value in sides], layer_scopes=scopes,
+      microbatch_dim=batch_dim if given else None)
   context.layer_index += len(stack.layers)
   return y
 
@@ -118,7 +123,8 @@ def _variable_requests(stack, template: list, context, x: mtf.Tensor, sides: lis
   requests = []
 
   def in_pipeline(shape: mtf.Shape) -> mtf.Shape:
-    return mtf.Shape([stage_dim] + [micro_batch_dim if d == batch_dim else d for d in shape.dims])
+    dims = [micro_batch_dim if d == batch_dim else d for d in shape.dims]
+    return mtf.Shape([stage_dim] + [d for d in dims if d is not None])
 
   def record(mesh, name, shape, **kwargs):
     within = tf.get_variable_scope().name[len(root) + 1:]
@@ -157,6 +163,15 @@ def _batch_dim(context, x: mtf.Tensor) -> mtf.Dimension:
       return dim
   raise ValueError(f"LayerStack(pipeline_stages=...): the input {x.shape} has none of the batch "
                    f"dimensions {context.batch_dims}, which the pipeline cuts into microbatches.")
+
+
+def _given_microbatches(context, x: mtf.Tensor, batch_dim: mtf.Dimension,
+                        num_microbatches: int) -> Optional[mtf.Dimension]:
+  """x's batch dimension after batch_dim when batch_dim (an outer_batch) holds exactly the
+  microbatches: the pipeline then takes its entries as the microbatches (mtf.pipeline's
+  microbatch_dim), which a layout may split over the stages' mesh dimension."""
+  inner = [d for d in context.batch_dims if d in x.shape.dims and d != batch_dim]
+  return inner[0] if inner and batch_dim.size == num_microbatches else None
 
 
 def _is_batched(value, batch_dim: mtf.Dimension) -> bool:

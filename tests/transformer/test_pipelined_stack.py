@@ -39,18 +39,20 @@ def _lm(num_layers: int, dropout_rate=None, **pipeline) -> transformer.Unitransf
 
 
 def _train(model, mesh_layout, steps: int, save: str, *, restore=None, optimizer="adafactor",
-           mode="train", masters="whole"):
+           mode="train", masters="whole", outer_batch=1):
   """(loss per step, {checkpoint name: value} after training) of `model` on IDS.
 
   restore: a checkpoint prefix to start from (all variables, optimizer state included);
-  save: the prefix the trained variables are written to (and read back from).
+  save: the prefix the trained variables are written to (and read back from);
+  outer_batch: > 1 gives the ids as [outer_batch, batch / outer_batch, length].
   """
   mesh_shape, layout = mtf.convert_to_shape(mesh_layout[0]), mesh_layout[1]
   with tf.Graph().as_default():
     tf.set_random_seed(1)  # random ops are then keyed by the seed and their layer's scope
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
-    ids = model_check.import_ids(mesh, IDS)
+    ids = (model_check.import_ids(mesh, IDS) if outer_batch == 1 else model_check.import_ids(
+        mesh, IDS.reshape(outer_batch, -1, LENGTH), ("outer_batch", "batch", "length")))
     _, loss = model.call_simple(transformer.autoregressive_inputs(ids), ids, True, mode=mode)
     variables = graph.trainable_variables
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
@@ -116,6 +118,33 @@ def test_pipelined_lm_trains_as_unpipelined(start, tmp_path, mesh, stages, micro
   losses, values = _train(model, MESHES[mesh], 3, str(tmp_path / "end"), restore=prefix, masters=masters)
   np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
   _assert_same_variables(values, want_values)
+
+
+@pytest.mark.parametrize("mesh,stages,microbatches,schedule", [
+    ("stage:4;batch:2", 4, 4, "fill_drain"), ("stage:2;batch:2;model:2", 2, 2, "circular")])
+def test_outer_batch_as_the_microbatches_split_over_the_stages_trains_as_unpipelined(
+    start, tmp_path, mesh, stages, microbatches, schedule):
+  """With outer_batch_size = num_microbatches the pipeline takes outer_batch's entries as its
+  microbatches, and the layout `outer_batch:stage` splits the embedding and the loss over the
+  stages: the losses and the checkpoint still equal the unpipelined model's."""
+  prefix, want_losses, want_values = start
+  model = _lm(4, pipeline_stages=stages, num_microbatches=microbatches, pipeline_schedule=schedule)
+  mesh_shape, layout = MESHES[mesh]
+  losses, values = _train(model, (mesh_shape, f"outer_batch:stage;{layout}"), 3, str(tmp_path / "end"),
+                          restore=prefix, outer_batch=microbatches)
+  np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+  _assert_same_variables(values, want_values)
+
+
+def test_outer_batch_microbatches_with_dropout_draw_the_unpipelined_masks(tmp_path):
+  start = str(tmp_path / "start")
+  _train(_lm(4, dropout_rate=0.2), UNPIPELINED, 0, start)
+  sgd = {"restore": start, "optimizer": "sgd"}
+  want, _ = _train(_lm(4, dropout_rate=0.2), UNPIPELINED, 6, str(tmp_path / "a"), **sgd)
+  model = _lm(4, dropout_rate=0.2, pipeline_stages=4, num_microbatches=4)
+  got, _ = _train(model, ("stage:4;batch:2", "outer_batch:stage;stages:stage;batch:batch"), 6,
+                  str(tmp_path / "c"), outer_batch=4, **sgd)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
 @pytest.mark.parametrize("mesh,stages,microbatches,schedule", [
