@@ -26,7 +26,7 @@ import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._lowering import random_stream
 from mesh_tensorflow.transformer._utils import GIN_MODULE
-from mesh_tensorflow._tf_compat import saveable_object, saveable_object_util
+from mesh_tensorflow._tf_compat import saveable_object
 
 CHECKPOINT_PREFIX = "model.ckpt"
 _TMP_PREFIX = ".tmp-"
@@ -376,12 +376,13 @@ def restore_available(session, path: str, variables: Sequence,
       if not any(getattr(var, "save_slice_infos", None) for var in saved):
         mapping[name] = saved if getattr(saved[0], "_save_slice_info", None) else saved[0]
       restored += saved
-  saveables = saveable_object_util.validate_and_slice_inputs(mapping) if mapping else []
+  # A Saver given a list keys its SaveableObjects by name, and a sliced variable's part saveables
+  # share the checkpoint name: all but one would be dropped. A {name: [parts]} dict keeps them.
   for part, names in stack_parts.values():
     _check_whole_layer_stack_part(part, names)
-    saveables.append(part)
-  if saveables:
-    tf.train.Saver(saveables).restore(session, path)
+    mapping[part.name] = part
+  if mapping:
+    tf.train.Saver(mapping).restore(session, path)
   return _unique(restored)
 
 
