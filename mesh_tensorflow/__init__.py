@@ -18,5 +18,6 @@ from mesh_tensorflow import tpu_variables
 from mesh_tensorflow import tf2
 from mesh_tensorflow import utils
 from mesh_tensorflow.ops_with_redefined_builtins import *
+from mesh_tensorflow._lowering.cache import LoweringCache, lowering_cache
 
 __version__ = "0.2.0"

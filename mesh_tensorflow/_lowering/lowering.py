@@ -8,6 +8,7 @@ import weakref
 
 import tensorflow.compat.v1 as tf
 
+from mesh_tensorflow._lowering import cache as lowering_cache
 from mesh_tensorflow._lowering import comm as comm_lib
 from mesh_tensorflow._lowering import random_bits, random_stream
 from mesh_tensorflow._lowering.layout_check import check_mesh_impls
@@ -37,6 +38,9 @@ class Lowering:
     random_position: an int scalar TF tensor numbering this evaluation (a training loop's global
       step, say): random ops draw from it, and the caller makes it differ between evaluations.
       Default: mtf's evaluation counter (see `_lowering/random_stream.py`).
+
+  In eager mode a graph built again with the same structure runs the program its earlier
+  lowering was traced into, instead of lowering again (`mtf.lowering_cache`, `_lowering/cache.py`).
   """
 
   def __init__(self, graph, mesh_to_impl: dict, autostack: bool = True, log_file=None,
@@ -57,6 +61,12 @@ class Lowering:
     self.tensors = {}
     self.operations = {}
     self.variables = {}
+    served = lowering_cache.serve(self, log_file=log_file, random_position=random_position)
+    if served is not None:  # eager, and a graph of this structure has a program: it has run
+      self.tensors, self.operations, self.variables = served.tensors, served.operations, served.variables
+      self._counters, self._events = list(served.counters), list(served.events)
+      self._copies = None  # eager: the copies run when they are asked for
+      return
     self._unlowered_consumers = collections.Counter(x for op in graph.operations for x in op.inputs)
     self._sinks = {t for op in graph.operations for t in op.outputs
                    if not self._unlowered_consumers[t]}

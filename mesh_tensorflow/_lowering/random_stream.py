@@ -53,6 +53,15 @@ def next_position(graph=None):
   return _positions[graph]
 
 
+def restart_if_reseeded() -> None:
+  """Restarts the eager counter if tf.random.set_seed was called since it was last used.
+
+  A cached eager lowering (`_lowering/cache.py`) reads the counter without that Python check.
+  """
+  if _EagerCounter.variable is not None:
+    _eager_counter()
+
+
 def graph_random_seed():
   """The graph-level seed set by tf.set_random_seed (graph or eager), or None."""
   if tf.executing_eagerly():

@@ -22,6 +22,8 @@ __all__ = [
 class ImportOperation(Operation):
   """Brings a whole TF tensor into the mesh, sliced by the layout."""
 
+  lowering_cache_inputs = ("_tf_tensor",)  # a cached eager lowering takes it as an input
+
   def __init__(self, mesh, tf_tensor, shape: Shape, name: Optional[str] = None):
     super().__init__([], mesh=mesh, name=name or "import")
     tf_tensor = tf.convert_to_tensor(tf_tensor)

@@ -40,6 +40,9 @@ class RandomOperation(Operation):
 
   # A recomputation (recompute_grad) must see the same random values, so the op is shared, not cloned.
   is_not_cloned = True
+  # Not part of a graph's structure for the lowering cache: rebuilt graphs draw fresh keys without a
+  # graph seed, and the cached program keeps drawing fresh values per call from the first one's.
+  lowering_cache_ignores = ("_unseeded_key",)
 
   def __init__(self, mesh, shape: Shape, tf_fn: Callable, **kwargs):
     super().__init__([], mesh=mesh, name=kwargs.get("name", "random"))

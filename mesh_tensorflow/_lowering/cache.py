@@ -1,0 +1,401 @@
+"""The lowering cache: eager code that builds the same mtf graph again reuses its lowered program.
+
+Eager clients (GPT-Neo, any plain Python function around mtf) build an mtf graph and lower it at
+every call; the lowering is Python work per op, the same at every call. With the cache, an eager
+`mtf.Lowering` first computes the graph's *structure key*: per op (in graph order, nested ops
+included) its class and attributes, with tensors and ops named by their position, TF tensors
+imported into the mesh by their shape and dtype, constants by their values, tf.Variables by
+identity, plus each mesh implementation's type and configuration (shape, layout, devices, ...),
+the graph seed and MTF_SEQUENCE_MODE. Any difference is another key.
+
+* The first graph of a key is lowered eagerly, as without the cache (a graph built once pays
+  only the key).
+* The second is lowered once more inside a `tf.function`, whose concrete function takes the
+  imported TF tensors as inputs, captures the master variables and the entry's own slice
+  variables, copies the masters into the slices (as an eager lowering does), runs every op
+  (variable updates included) and returns every tensor's slices.
+* Every later graph of that key calls the function with its own imported tensors: its Lowering
+  holds the values, as an eager lowering does, and no op is lowered.
+
+Random ops read the eager evaluation counter inside the function, so each call draws fresh
+values, the same as uncached calls from the same seed. Entries are kept in least-recently-used
+order, at most `max_entries` of them. `lowering_cache(enabled=False)` switches the cache off.
+Graph mode (tf.compat.v1 graphs, tf.function traces) never uses it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import hashlib
+import types
+import weakref
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf2
+import tensorflow.compat.v1 as tf
+
+from mesh_tensorflow._core.graph import Mesh
+from mesh_tensorflow._core.operation import Operation
+from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._lowering import laid_out, random_stream
+from mesh_tensorflow._lowering.mesh_impl import sequence_mode
+from mesh_tensorflow._tf_compat import resource_variable_ops
+
+# Constants and closed-over TF tensors up to this many elements are keyed by value (larger ones
+# by identity: an equal-valued copy misses, which only costs a lowering).
+_MAX_ELEMENTS_BY_VALUE = 4096
+# Closures nested deeper than this are keyed by identity (a miss, never a wrong hit).
+_MAX_DEPTH = 8
+# Op names only name the TF ops (a name scope each), and rebuilt graphs differ in them: TF makes
+# the variable scopes' default names unique per call (dropout_12/..., then dropout_13/...).
+# Random ops draw by their key names instead (random_keys.py), which are part of the key.
+_NOT_STRUCTURE = frozenset({"_name"})
+# A mesh implementation's run-time state, not its configuration.
+_IMPL_STATE = frozenset({"copy_master_to_slice_ops", "_program"})
+
+
+class LoweringCache:
+  """The programs of eager lowerings, by structure key, least recently used first.
+
+  `hits` counts the Lowerings served by a program, `lowerings` those that lowered the graph
+  (eagerly, or into a new program); `len(cache)` is the number of entries.
+  """
+
+  def __init__(self, max_entries: int = 16):
+    if max_entries < 1:
+      raise ValueError(f"lowering_cache: max_entries={max_entries}; keep at least 1 entry, or pass "
+                       f"enabled=False to switch the cache off.")
+    self.max_entries = max_entries
+    self.hits = 0
+    self.lowerings = 0
+    self._entries = collections.OrderedDict()  # structure key -> _Entry
+
+  def __len__(self) -> int:
+    return len(self._entries)
+
+  def __repr__(self):
+    return (f"LoweringCache(entries={len(self)}, max_entries={self.max_entries}, hits={self.hits}, "
+            f"lowerings={self.lowerings})")
+
+  def clear(self) -> None:
+    self._entries.clear()
+
+  def _entry(self, key: tuple) -> _Entry:
+    entry = self._entries.pop(key, None) or _Entry()
+    self._entries[key] = entry
+    while len(self._entries) > self.max_entries:
+      self._entries.popitem(last=False)
+    return entry
+
+
+@dataclasses.dataclass
+class _Entry:
+  """One structure: seen once (no program yet), or its program and the lowering it traced."""
+
+  seen: bool = False  # lowered eagerly once
+  program: Optional[object] = None  # a ConcreteFunction: imported tensors -> every slice
+  traced: Optional[object] = None  # the Lowering built while tracing (variables, counters, events)
+  slices_per_tensor: Optional[list] = None  # per tensor, how many outputs hold it (None: no value)
+  cacheable: bool = True  # False once tracing failed: lowered eagerly from then on
+
+
+class _Scope:
+  """What lowering_cache returns: the cache it installed, restored to the previous one by `with`."""
+
+  def __init__(self, cache: Optional[LoweringCache]):
+    self._previous = _current[0]
+    self.cache = cache
+    _current[0] = cache
+
+  def __enter__(self) -> Optional[LoweringCache]:
+    return self.cache
+
+  def __exit__(self, *exc_info) -> None:
+    _current[0] = self._previous
+
+
+def lowering_cache(enabled: bool = True, max_entries: int = 16) -> _Scope:
+  """Installs a new, empty lowering cache for eager `mtf.Lowering`s (or none: enabled=False).
+
+  Called plainly it holds from then on; used in a `with` statement, until the block ends (the
+  previous cache comes back), and `as` gives the new LoweringCache (None when disabled), whose
+  `hits` and `lowerings` count what happened. The process starts with a cache of 16 entries.
+
+  Args:
+    enabled: False: every eager Lowering lowers its graph, as without a cache.
+    max_entries: how many graph structures to keep (least recently used first out).
+
+  Returns:
+    A context manager; `with` gives the installed LoweringCache.
+
+  Example:
+    with mtf.lowering_cache(max_entries=4) as cache:
+      losses = [train_step(x) for x in batches]   # builds and lowers an mtf graph per call
+    print(cache.hits, cache.lowerings)            # e.g. 18 2
+  """
+  return _Scope(LoweringCache(max_entries) if enabled else None)
+
+
+_current = [LoweringCache()]  # the installed cache (None: disabled)
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+  """A Lowering's values, from a program: what `Lowering.__init__` keeps instead of lowering."""
+
+  tensors: dict
+  operations: dict
+  variables: dict
+  counters: list
+  events: list
+
+
+def serve(lowering, log_file=None, random_position=None) -> Optional[Served]:
+  """The values of `lowering`'s graph from the cache, or None: lower it (and maybe remember it).
+
+  Called by an eager Lowering before it lowers (its graph autostacked); None in graph mode,
+  with a log file or a random position (their lowering has effects a program would not repeat),
+  or a backend without whole masters.
+  """
+  cache = _current[0]
+  if (cache is None or not tf.executing_eagerly() or log_file is not None
+      or random_position is not None or not _whole_masters(lowering.mesh_to_impl)):
+    return None
+  walk = _Walk(lowering.graph, lowering.mesh_to_impl)
+  if walk.key is None:
+    return None
+  entry = cache._entry(walk.key)  # pylint: disable=protected-access
+  if entry.program is None:
+    cache.lowerings += 1
+    if not entry.seen or not entry.cacheable:  # a graph built once pays no trace
+      entry.seen = True
+      return None
+    if not _trace(entry, lowering, walk):
+      return None
+  else:
+    cache.hits += 1
+  random_stream.restart_if_reseeded()  # tf.random.set_seed restarts the count, as uncached
+  return _run(entry, lowering, walk)
+
+
+def _whole_masters(mesh_to_impl: dict) -> bool:
+  return all(getattr(impl, "masters", None) == "whole" for impl in mesh_to_impl.values())
+
+
+def _trace(entry: _Entry, lowering, walk: _Walk) -> bool:
+  """Lowers the graph inside a tf.function into entry.program; False if it cannot be traced."""
+  from mesh_tensorflow._lowering.lowering import Lowering  # lowering.py imports this module
+
+  class _Traced(Lowering):
+    def _may_be_read(self, laid_out_value) -> bool:
+      """Every tensor is an output of the program (its Lowering holds them all), so the fused
+      device programs must keep every value."""
+      del laid_out_value
+      return True
+
+  owned_slices = {}
+
+  def slice_variable(name: str, shape, dtype, device: str):
+    """An eager variable of the entry. The class itself, not tf.Variable, which tf.function would
+    see as made by the trace and trace again."""
+    if name not in owned_slices:
+      with tf.init_scope(), tf.device(device):
+        owned_slices[name] = resource_variable_ops.ResourceVariable(
+            tf.zeros(shape, dtype), trainable=False, name=name)
+    return owned_slices[name]
+
+  def program(*inputs):
+    fed = [(op, attribute, getattr(op, attribute)) for op, attribute in walk.inputs]
+    try:
+      for (op, attribute, _), x in zip(fed, inputs):
+        setattr(op, attribute, x)
+      with laid_out.slice_variable_owner(slice_variable):
+        traced = _Traced(lowering.graph, lowering.mesh_to_impl, autostack=False)
+    finally:
+      for op, attribute, value in fed:
+        setattr(op, attribute, value)
+    entry.traced = traced
+    entry.slices_per_tensor, outputs = [], []
+    for t in walk.tensors:
+      value = traced.tensors.get(t)
+      slices = [] if value is None else value.to_laid_out_tensor().tensor_list
+      entry.slices_per_tensor.append(len(slices) if value is not None else None)
+      outputs.extend(slices)
+    return outputs
+
+  specs = [tf.TensorSpec(getattr(op, attribute).shape, getattr(op, attribute).dtype)
+           for op, attribute in walk.inputs]
+  try:
+    entry.program = tf2.function(program, autograph=False).get_concrete_function(*specs)
+  except Exception as e:  # pylint: disable=broad-except  # an op that only lowers eagerly
+    tf.logging.info("Lowering cache: the graph cannot be traced (%s: %s); it is lowered eagerly.",
+                    type(e).__name__, e)
+    entry.cacheable, entry.program, entry.traced = False, None, None
+    return False
+  return True
+
+
+def _run(entry: _Entry, lowering, walk: _Walk) -> Served:
+  """Calls entry.program with this graph's imported tensors; its values keyed by this graph."""
+  outputs = entry.program(*[getattr(op, attribute) for op, attribute in walk.inputs])
+  traced = entry.traced
+  tensors, i = {}, 0
+  for t, n in zip(walk.tensors, entry.slices_per_tensor):
+    if n is not None:
+      tensors[t] = lowering.mesh_impl(t).LaidOutTensor(outputs[i:i + n])
+      i += n
+  mine = dict(zip(traced.graph.operations, walk.ops))  # the traced graph's ops -> this graph's
+  return Served(tensors=tensors,
+                operations={mine[op]: None for op in traced.operations},  # eager ops return None
+                variables={mine[v]: laid_out_variable for v, laid_out_variable in traced.variables.items()},
+                counters=traced.counters, events=traced.communication_events)
+
+
+class _Walk:
+  """A graph's structure key, its fed attributes (op, name) and its ops' outputs, in graph order.
+
+  `key` is None when some attribute cannot be keyed (the graph is then lowered every time).
+  """
+
+  def __init__(self, graph, mesh_to_impl: dict):
+    self.ops = list(graph.operations)
+    self.tensors = [t for op in self.ops for t in op.outputs]
+    self.inputs = []
+    self._numbers = {}  # id(object) -> its number in this walk (ops, tensors, meshes)
+    self._held = []  # what _numbers refers to, so no id is reused during the walk
+    try:
+      self.key = (_context_key(),
+                  tuple(self._impl(mesh, impl) for mesh, impl in mesh_to_impl.items()),
+                  tuple(self._op(op) for op in self._all_ops(self.ops)))
+      hash(self.key)
+    except (_Unkeyable, TypeError):  # TypeError: an unhashable value
+      self.key = None
+
+  def _all_ops(self, ops):
+    for op in ops:
+      yield op
+      yield from self._all_ops(op.nested_operations())
+
+  def _number(self, obj, kind: str) -> tuple:
+    if id(obj) not in self._numbers:
+      self._numbers[id(obj)] = len(self._numbers)
+      self._held.append(obj)
+    return (kind, self._numbers[id(obj)])
+
+  def _impl(self, mesh, impl) -> tuple:
+    config = tuple((name, self._value(value, 0)) for name, value in sorted(vars(impl).items())
+                   if name not in _IMPL_STATE)
+    return (self._number(mesh, "mesh"), type(impl), config)
+
+  def _op(self, op) -> tuple:
+    fed = getattr(type(op), "lowering_cache_inputs", ())
+    ignored = getattr(type(op), "lowering_cache_ignores", ())
+    parts = [type(op), self._number(op, "op")]
+    for name, value in vars(op).items():
+      if name in ignored or name in _NOT_STRUCTURE:
+        continue
+      if name in fed and isinstance(value, tf.Tensor):
+        self.inputs.append((op, name))
+        parts.append((name, "input", tuple(value.shape.as_list()), value.dtype))
+      else:
+        parts.append((name, self._value(value, 0)))
+    return tuple(parts)
+
+  def _value(self, value, depth: int):  # noqa: C901 (one case per kind of attribute)
+    """A hashable stand-in for an attribute value: equal stand-ins lower alike."""
+    if value is None or isinstance(value, (str, bytes)):
+      return value
+    if isinstance(value, (bool, int, float, complex)):
+      return (type(value), value)
+    if depth > _MAX_DEPTH:
+      return _Same(value)
+    if isinstance(value, Tensor):
+      return self._number(value, "tensor") + (value.shape, value.dtype)
+    if isinstance(value, Operation):
+      return self._number(value, "op")
+    if isinstance(value, Mesh):
+      return self._number(value, "mesh")
+    if isinstance(value, (list, tuple)):
+      return (type(value),) + tuple(self._value(v, depth + 1) for v in value)
+    if isinstance(value, (set, frozenset)):
+      return frozenset(self._value(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+      return ("dict",) + tuple((self._value(k, depth + 1), self._value(v, depth + 1))
+                               for k, v in value.items())
+    if isinstance(value, np.ndarray | np.generic):
+      return _array_key(np.asarray(value))
+    if isinstance(value, tf.Tensor):  # eager: a value captured by the program
+      small = value.shape.num_elements() <= _MAX_ELEMENTS_BY_VALUE
+      return _array_key(value.numpy()) if small else _Same(value)
+    if isinstance(value, tf2.Variable):  # (tf.compat.v1.Variable is another class)
+      return _Same(value)
+    if isinstance(value, types.FunctionType):
+      cells = tuple(self._value(_cell(c), depth + 1) for c in value.__closure__ or ())
+      return (value.__code__, self._value(value.__defaults__, depth + 1),
+              self._value(value.__kwdefaults__, depth + 1), cells)
+    if isinstance(value, functools.partial):
+      return ("partial", self._value(value.func, depth + 1), self._value(value.args, depth + 1),
+              self._value(value.keywords, depth + 1))
+    if isinstance(value, types.MethodType):
+      return ("method", self._value(value.__func__, depth + 1), self._value(value.__self__, depth + 1))
+    if _has_value_equality(value):
+      return value  # Shape, LayoutRules, tf.DType, Signature, ...: equal values lower alike
+    if hasattr(value, "__dict__") and type(value).__module__.startswith("mesh_tensorflow."):
+      return (type(value),) + tuple((k, self._value(v, depth + 1)) for k, v in vars(value).items())
+    return _Same(value)
+
+
+def _context_key() -> tuple:
+  """What a lowering reads besides the graph: the graph seed, MTF_SEQUENCE_MODE."""
+  return (random_stream.graph_random_seed(), sequence_mode())
+
+
+class _Unkeyable(Exception):
+  pass
+
+
+class _Same:
+  """Stands for an object by identity, through a weak reference where it takes one.
+
+  An entry's key must neither keep a graph's variables alive (a client that makes new variables
+  at every call would have the cache hold every set) nor match an object that merely reuses a
+  dead one's id: a dead reference equals nothing.
+  """
+
+  __slots__ = ("_ref", "_id")
+
+  def __init__(self, obj):
+    try:
+      self._ref = weakref.ref(obj)
+    except TypeError:  # no weak references: held (an entry holds it until it is evicted)
+      self._ref = lambda: obj
+    self._id = id(obj)
+
+  def __eq__(self, other):
+    mine = self._ref()
+    return isinstance(other, _Same) and mine is not None and other._ref() is mine
+
+  def __hash__(self):
+    return self._id
+
+
+def _cell(cell):
+  try:
+    return cell.cell_contents
+  except ValueError:  # an empty cell (a closure variable not assigned yet)
+    return None
+
+
+def _array_key(array: np.ndarray) -> tuple:
+  if array.dtype == object:
+    raise _Unkeyable()
+  digest = hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=16).digest()
+  return ("array", array.dtype.str, array.shape, digest)
+
+
+def _has_value_equality(value) -> bool:
+  cls = type(value)
+  return cls.__eq__ is not object.__eq__ and cls.__hash__ is not None and cls.__hash__ is not object.__hash__
