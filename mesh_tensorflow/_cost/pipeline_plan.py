@@ -15,7 +15,13 @@ F the unpipelined model's fixed costs and P one layer's, both on a stage's mesh 
   recompute only every tick's input (T microbatch boundaries) plus one tick's layers, and the
   forward pass runs twice (the forward is taken as 1/3 of a layer's forward and backward FLOPs);
 * two shifts per tick (forward and backward) of one microbatch's boundary activations along the
-  stage mesh dimension.
+  stage mesh dimension;
+* a layer's collectives run on one microbatch, so their staging buffer is 1/M of the full batch's.
+
+With the microbatches given as a dimension laid out over the stages (a Transformer's outer_batch
+with `outer_batch:stage`, mtf.pipeline's microbatch_dim), the fixed part F splits over the stages
+instead of running on every stage in full: `outside_cost` gives it, costed under that layout; each
+microbatch is then summed over the stages on its way in and its gradient on its way out.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ class PipelineCost(cost_model.StepCost):
 
 def pipeline_cost(stage_cost_at: Callable[[float], object], num_layers: int, schedule: PipelineSchedule,
                   boundary_bytes: float, mesh_shape, layout_rules, time_model, stage_mesh_dim: str,
-                  recompute: bool = False) -> PipelineCost:
+                  recompute: bool = False, outside_cost=None) -> PipelineCost:
   """The PipelineCost of `num_layers` layers pipelined by `schedule` on `mesh_shape`.
 
   Args:
@@ -59,11 +65,15 @@ def pipeline_cost(stage_cost_at: Callable[[float], object], num_layers: int, sch
     time_model: the time model (a preset's topology gives the stage mesh dimension its links).
     stage_mesh_dim: the mesh dimension the stages are split over.
     recompute: recompute each tick's layers on the backward pass.
+    outside_cost: the fixed part's cost (a DepthCost at 0 layers) with the microbatches given as
+      a dimension split over the stage mesh dimension; None: the fixed part runs on every stage
+      in full (stage_cost_at(0)).
   """
   mesh_shape, layout_rules = convert_to_shape(mesh_shape), convert_to_layout_rules(layout_rules)
   stages_per_processor = schedule.num_stages // mesh_shape.get_dim_by_name(stage_mesh_dim).size
   held = num_layers * stages_per_processor / schedule.num_stages  # the layers one processor holds
   fixed, stage = stage_cost_at(0), stage_cost_at(held)
+  outside = outside_cost or fixed
   micro = schedule.num_microbatches
   ticks = schedule.num_ticks
   stretch = ticks / (micro * schedule.num_rounds)
@@ -76,14 +86,18 @@ def pipeline_cost(stage_cost_at: Callable[[float], object], num_layers: int, sch
   else:
     kept = layer_activations * stretch
   tm = time_model.for_mesh(mesh_shape)
-  shift_s = 2 * ticks * tm.collective_s(stages_per_processor * boundary_bytes / micro, [stage_mesh_dim])
-  peak = int(fixed.memory.activation_peak_bytes + kept)
-  memory = dataclasses.replace(stage.memory, activation_peak_bytes=peak,
+  microbatch_bytes = stages_per_processor * boundary_bytes / micro
+  shift_s = 2 * ticks * tm.collective_s(microbatch_bytes, [stage_mesh_dim])
+  if outside_cost is not None:  # each microbatch in, and its gradient out, summed over the stages
+    shift_s += 2 * micro * tm.collective_s(microbatch_bytes, [stage_mesh_dim])
+  peak = int(outside.memory.activation_peak_bytes + kept)
+  buffer = max(outside.memory.comm_buffer_bytes, stage.memory.comm_buffer_bytes // micro)
+  memory = dataclasses.replace(stage.memory, activation_peak_bytes=peak, comm_buffer_bytes=buffer,
                                remat=recompute)
   return PipelineCost(
       mesh_shape=mesh_shape, layout_rules=layout_rules, time_model=tm, num_layers=num_layers,
       schedule=schedule, recompute=recompute,
-      compute_s=fixed.compute_s + layer_compute,
-      comm_s=fixed.comm_s + (stage.comm_s - fixed.comm_s) * stretch + shift_s,
-      overhead_s=fixed.overhead_s + (stage.overhead_s - fixed.overhead_s) * stretch * micro,
-      flops=stage.flops, memory=memory)
+      compute_s=outside.compute_s + layer_compute,
+      comm_s=outside.comm_s + (stage.comm_s - fixed.comm_s) * stretch + shift_s,
+      overhead_s=outside.overhead_s + (stage.overhead_s - fixed.overhead_s) * stretch * micro,
+      flops=outside.flops + stage.flops - fixed.flops, memory=memory)

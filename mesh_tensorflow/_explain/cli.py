@@ -23,11 +23,12 @@ def _search_deep(args, bindings: list) -> None:
   import gin
   import tensorflow.compat.v1 as tf
 
-  def build(num_layers: int) -> tuple:
+  def build(num_layers: int, outer_batch_size: int = 1) -> tuple:
     gin.clear_config()
     with tf.Graph().as_default():
       graph, loss = build_transformer_graph(
-        args.gin_file, [*bindings, f"num_layers = {num_layers}"], args.batch, args.length, args.vocab_size
+        args.gin_file, [*bindings, f"num_layers = {num_layers}"], args.batch, args.length, args.vocab_size,
+        outer_batch_size=outer_batch_size,
       )
     return graph, [loss]
 
@@ -131,5 +132,4 @@ def _print_pipeline_schedule(graph) -> None:
   sched = pipeline_schedule(max(blocks), query("pipeline_stages", 1), query("num_microbatches", 1),
                             query("pipeline_schedule", "fill_drain"), query("layers_per_stage_per_round", 1))
   print(pipeline_search.pipeline_line(sched))
-  if sched.num_ticks <= pipeline_search.MAX_PICTURE_TICKS:
-    print(sched.picture())
+  print(sched.picture(pipeline_search.MAX_PICTURE_TICKS))

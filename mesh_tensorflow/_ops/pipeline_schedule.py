@@ -90,17 +90,26 @@ class PipelineSchedule:
     """The tick at which `microbatch` starts `round_` on stage 0."""
     return round_ * self.period + microbatch
 
-  def picture(self) -> str:
+  def picture(self, max_ticks: Optional[int] = None) -> str:
     """The schedule as text, a row per stage and a column per tick: the microbatch (round letter
-    after it when R > 1) or '.' for a bubble."""
+    after it when R > 1) or '.' for a bubble. With more than max_ticks ticks, only the first and
+    the last max_ticks / 2 are drawn, with '~' for the ticks between."""
     width = len(str(self.num_microbatches - 1)) + (self.num_rounds > 1)
+    ticks = list(range(self.num_ticks))
+    if max_ticks is not None and self.num_ticks > max_ticks:
+      half = max_ticks // 2
+      ticks = ticks[:half] + [None] + ticks[-half:]
     rows = []
     for s in range(self.num_stages):
       cells = []
-      for t in range(self.num_ticks):
-        w = self.work(t, s)
-        cell = "." if w is None else str(w[1]) + ("abcdefghijklmnopqrstuvwxyz"[w[0] % 26]
-                                                 if self.num_rounds > 1 else "")
+      for t in ticks:
+        w = None if t is None else self.work(t, s)
+        if t is None:
+          cell = "~"
+        elif w is None:
+          cell = "."
+        else:
+          cell = str(w[1]) + ("abcdefghijklmnopqrstuvwxyz"[w[0] % 26] if self.num_rounds > 1 else "")
         cells.append(cell.rjust(width))
       rows.append(f"stage {s}: " + " ".join(cells))
     return "\n".join(rows)

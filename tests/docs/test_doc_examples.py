@@ -306,11 +306,12 @@ E0512 11:18:24.123456 1234 main.py:12] an absl error from Python
 
 
 def prompt_outputs(block: Block) -> dict:
-  """{command line: the output lines the page shows after it} for the `$ ` prompts of a block."""
+  """{command line (shlex.join of its words, as the test's argv): the output lines the page shows
+  after it} for the `$ ` prompts of a block."""
   outputs, current = {}, None
   for line in block.code.splitlines():
     if line.startswith("$ "):
-      current = outputs.setdefault(line[2:].strip(), [])
+      current = outputs.setdefault(shlex.join(shlex.split(line[2:])), [])
     elif current is not None and line.strip():
       current.append(line.rstrip())
   return outputs
@@ -358,7 +359,9 @@ def test_command_runs_and_prints_what_the_page_says(block, argv, tmp_path):
   result = run([sys.executable] + with_temporary_folders(argv[1:] + SHORT_SETTINGS.get(script, []),
                                                          tmp_path / "model_dir"), cwd=ROOT, temp=tmp_path)
   output = result.stdout + "\n" + result.stderr
-  shown = prompt_outputs(block).get(shlex.join(argv)) if block.language not in SHELL_LANGUAGES else None
+  prompts = prompt_outputs(block) if block.language not in SHELL_LANGUAGES else {}
+  assert not prompts or shlex.join(argv) in prompts, f"{block.where}: {argv} is none of its prompts {prompts}"
+  shown = prompts.get(shlex.join(argv))
   if shown:
     assert_shown_lines_printed(shown, output, block.where)
   for check in STATED_OUTPUT.get((block.page.name, script), ()):

@@ -226,6 +226,35 @@ def test_microbatches_that_do_not_divide_the_batch_are_refused():
     _build(_lm(4, pipeline_stages=2, num_microbatches=3))
 
 
+OUTER_BATCH_LAYOUT = "outer_batch:stage,stages:stage,batch:batch,d_ff:model,heads:model,vocab:model"
+
+
+def test_driver_run_with_outer_batch_microbatches_over_the_stages_gives_the_2x4_losses(tmp_path, corpus,
+                                                                                      monkeypatch):
+  """docs/pipeline.md's gin lines: cpu8_pipeline.gin with outer_batch_size = num_microbatches and
+  outer_batch:stage trains as cpu8_dp_mp does, from scratch (initial weights included)."""
+  two_blocks = ["num_layers = 2", "utils.run.train_steps = 3"]
+  microbatch_dims = []
+  pipeline = mtf.pipeline
+
+  def spy(*args, microbatch_dim=None, **kwargs):
+    microbatch_dims.append(microbatch_dim)
+    return pipeline(*args, microbatch_dim=microbatch_dim, **kwargs)
+  monkeypatch.setattr(mtf, "pipeline", spy)
+
+  def run_with(model_dir, layout, bindings=()):
+    tiny_run.configure_gin(corpus, two_blocks + list(bindings), layout=layout)
+    tiny_run.run(model_dir, "train")
+    return dict(progress.read_scalars(str(model_dir), "loss"))
+
+  want = run_with(tmp_path / "plain", "layouts/cpu8_dp_mp.gin")
+  got = run_with(tmp_path / "outer", "layouts/cpu8_pipeline.gin", [
+      "tpu_estimator_model_fn.outer_batch_size = 4", f'utils.run.layout_rules = "{OUTER_BATCH_LAYOUT}"'])
+  assert microbatch_dims and all(d == mtf.Dimension("outer_batch", 4) for d in microbatch_dims)
+  assert sorted(got) == sorted(want) == [1, 2, 3]
+  np.testing.assert_allclose([got[s] for s in (1, 2, 3)], [want[s] for s in (1, 2, 3)], rtol=2e-5)
+
+
 def test_driver_run_switches_between_the_pipeline_and_the_2x4_layout(tmp_path, corpus):
   """utils.run from scratch with layouts/cpu8_pipeline.gin for 2 steps, layouts/cpu8_dp_mp.gin to
   step 4 and the pipeline again to step 6, in one model_dir: the losses are an uninterrupted
