@@ -41,6 +41,8 @@ def parse_args() -> argparse.Namespace:
   parser.add_argument("--mode", choices=["train", "eval"], default="train", help="of the loss and gradients")
   parser.add_argument("--mesh_shape", default="", help='e.g. "batch:2;model:2"; "" is one processor')
   parser.add_argument("--layout", default="batch:batch;d_ff:model;heads:model;vocab:model;experts:batch")
+  parser.add_argument("--vocab_size", type=int, default=VOCAB,
+                      help="the model's vocabulary (the batch's ids stay below VOCAB)")
   parser.add_argument("--out", required=True, help=".npz file for the results")
   return parser.parse_args()
 
@@ -67,7 +69,8 @@ class Built:
     mesh = mtf.Mesh(graph, "my_mesh")
     mesh_shape = mtf.convert_to_shape(args.mesh_shape)
     layout = mtf.convert_to_layout_rules(args.layout)
-    model = utils.build_model(model_type=model_type, input_vocab_size=VOCAB, output_vocab_size=VOCAB,
+    model = utils.build_model(model_type=model_type, input_vocab_size=args.vocab_size,
+                              output_vocab_size=args.vocab_size,
                               layout_rules=layout, mesh_shape=mesh_shape)
     batch_dim, length_dim = mtf.Dimension("batch", BATCH), mtf.Dimension("length", LENGTH)
 
