@@ -8,7 +8,7 @@ test_models.py: a seeded initialisation, Adafactor's slots included). Ours resto
   original's, and one Adafactor step gives the original's (unpipelined) variables and slots;
 * through the driver (sliced masters, its CPU default): utils.run resumes a model_dir holding it,
   or warm-starts from it with init_checkpoint, under layouts/cpu8_pipeline.gin, and its first step
-  (loss, saved variables) is the unpipelined run's.
+  (loss, saved variables) is the unpipelined run's under layouts/cpu8_dp_mp.gin.
 
 Runs only where the original is installed (`bash scripts/setup_original.sh`); CI does not run it.
 """
@@ -124,17 +124,15 @@ def test_one_pipelined_step_from_the_originals_checkpoint_is_the_unpipelined_ste
   the driver test below compares with ours unpipelined)."""
   _, results = probed
   assert_close(results["original"], results[name], "step/")
-  moved = [k for k in results[name] if k.startswith("step/")
-           and not np.array_equal(results[name][k], results[name]["init/" + k[len("step/"):]])]
-  assert len(moved) > 60   # the step changed the weights and slots (70 in all)
+  for key in (k for k in results[name] if k.startswith("step/")):   # each weight and slot moved
+    assert not np.array_equal(results[name][key], results[name]["init/" + key[len("step/"):]]), key
 
 
-def driver_step(model_dir: pathlib.Path, corpus: str, layout: str, bindings=(), **kwargs) -> tuple:
+def driver_step(model_dir: pathlib.Path, corpus: str, layout: str, **kwargs) -> tuple:
   """(loss, {checkpoint name: value}) of utils.run's first training step on model_dir under the
-  packaged `layout` and `bindings`, with the tiny run's data; `kwargs` go to utils.run."""
+  packaged `layout`, with the tiny run's data; `kwargs` go to utils.run."""
   tiny_run.configure_gin(corpus, MODEL + ["utils.run.train_steps = 1",
-                                          "utils.run.sequence_length = {'inputs': 8, 'targets': 8}",
-                                          *bindings], layout)
+                                          "utils.run.sequence_length = {'inputs': 8, 'targets': 8}"], layout)
   try:
     tiny_run.run(model_dir, "train", **kwargs)
   finally:
@@ -148,17 +146,17 @@ def driver_step(model_dir: pathlib.Path, corpus: str, layout: str, bindings=(), 
 def test_the_driver_resumes_and_warm_starts_pipelined_from_the_originals_checkpoint(probed, tmp_path):
   """A model_dir holding the original's checkpoint as model.ckpt-0, resumed, and a fresh one
   warm-started with init_checkpoint (its fresh slots are the checkpoint's zeros), both pipelined:
-  the first step's loss and saved variables equal the unpipelined resumed run's (on batch:2, the
-  tiny run's mesh where the mesh is not the subject)."""
+  the first step's loss and saved variables equal the unpipelined resumed run's (on
+  layouts/cpu8_dp_mp.gin)."""
   folder, _ = probed
   corpus = tiny_run.write_corpus(str(tmp_path))
   original = tf.train.load_checkpoint(str(folder / "model.ckpt"))
   runs = {}
-  for name, bindings in [("unpipelined", tiny_run.TWO_DEVICES), ("pipelined", ())]:
+  for name, layout in [("unpipelined", "layouts/cpu8_dp_mp.gin"), ("pipelined", "layouts/cpu8_pipeline.gin")]:
     (tmp_path / name).mkdir()
     for path in folder.glob("model.ckpt.*"):
       shutil.copy(path, tmp_path / name / path.name.replace("model.ckpt", "model.ckpt-0"))
-    runs[name] = driver_step(tmp_path / name, corpus, "layouts/cpu8_pipeline.gin", bindings)
+    runs[name] = driver_step(tmp_path / name, corpus, layout)
   runs["warm-started"] = driver_step(tmp_path / "warm", corpus, "layouts/cpu8_pipeline.gin",
                                      init_checkpoint=str(folder / "model.ckpt"))
   want_loss, want = runs["unpipelined"]
@@ -169,7 +167,7 @@ def test_the_driver_resumes_and_warm_starts_pipelined_from_the_originals_checkpo
     assert sorted(values) == sorted(want)
     for key in want:
       np.testing.assert_allclose(values[key], want[key], rtol=1e-5, atol=1e-5, err_msg=f"{name}: {key}")
-  for key in want:   # the step started from the original's weights (a fresh init is ~100% off)
+  for key in want:   # the step started from the original's weights: 3.2% off (a fresh init: ~100%)
     if "slot" not in key and key != "global_step":
       start = original.get_tensor(key)
       assert np.linalg.norm(want[key] - start) < 0.1 * np.linalg.norm(start), key
