@@ -10,11 +10,14 @@ Two tables, every case timed interleaved (`--reps` repetitions of `--steps` call
    issue #37's), forward and backward (loss and both weight gradients): plain TF eager
    (GradientTape), plain TF in a tf.function, the floor (plain TF over 8 device-placed shards of
    the batch with a hand-written gradient sum, eager and in a tf.function), mtf built and lowered
-   at every call (what eager callers of mtf.Lowering pay), and a mtf.tf2 function. Every case is
+   at every call (what eager callers of mtf.Lowering pay without the lowering cache), mtf built
+   at every call and served by the lowering cache (mtf.lowering_cache: the graph's program runs,
+   nothing is lowered), and a mtf.tf2 function. Every case is
    reported against plain TF eager on one device and against the floor in its own mode (eager
    cases against the eager floor, functions against the tf.function floor).
    Goals: mtf on one device within 2x of plain TF eager; mtf.tf2 function at data-parallel 8
-   within 1.1x of the floor.
+   within 1.1x of the floor; the lowering cache within 1.2x of the mtf.tf2 function (a third
+   table gives the cache against the function and against lowering at every call).
 
     python benchmarks/bench_tf2.py [--reps 5] [--steps 10] [--layouts "one device,data-parallel 8"]
                                    [--mlp BATCH,IN,HIDDEN]
@@ -174,8 +177,12 @@ def _mtf_mlp(size: MlpSize, mesh, x, w1, w2):
   return loss, mtf.gradients([loss], [w1, w2])
 
 
-def mtf_mlp_lowered_per_call(size: MlpSize, mesh_shape: str, layout: str) -> Callable:
-  """What an eager caller of mtf.Lowering pays: the mtf graph built and lowered at every call."""
+def mtf_mlp_lowered_per_call(size: MlpSize, mesh_shape: str, layout: str, cached: bool = False) -> Callable:
+  """What an eager caller of mtf.Lowering pays: the mtf graph built (and lowered) at every call.
+
+  cached: served by the process's lowering cache (lowered twice, then its program runs);
+  otherwise lowered at every call (the cache switched off for the call).
+  """
   x, w1_value, w2_value = _mlp_data(size)
   w1, w2 = tf2.Variable(w1_value), tf2.Variable(w2_value)
   inp, hidden = mtf.Dimension("inp", size.inp), mtf.Dimension("hidden", size.hidden)
@@ -188,7 +195,11 @@ def mtf_mlp_lowered_per_call(size: MlpSize, mesh_shape: str, layout: str) -> Cal
     impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, _devices(mesh_shape))
     lowering = mtf.Lowering(graph, {mesh: impl})
     return [lowering.export_to_tf_tensor(t).numpy() for t in [loss] + grads]
-  return step
+
+  def uncached_step():
+    with mtf.lowering_cache(enabled=False):
+      return step()
+  return step if cached else uncached_step
 
 
 def mtf_mlp_function(size: MlpSize, mesh_shape: str, layout: str) -> Callable:
@@ -219,6 +230,10 @@ def mlp_cases(size: MlpSize) -> dict:
           "mtf one device, lowered per call": (mtf_mlp_lowered_per_call(size, "all:1", ""), EAGER_FLOOR),
           "mtf data-parallel 8, lowered per call": (
               mtf_mlp_lowered_per_call(size, "all:8", "batch:all"), EAGER_FLOOR),
+          "mtf one device, lowering cache": (
+              mtf_mlp_lowered_per_call(size, "all:1", "", cached=True), EAGER_FLOOR),
+          "mtf data-parallel 8, lowering cache": (
+              mtf_mlp_lowered_per_call(size, "all:8", "batch:all", cached=True), EAGER_FLOOR),
           "mtf one device, mtf.tf2 function": (mtf_mlp_function(size, "all:1", ""), FUNCTION_FLOOR),
           "mtf data-parallel 8, mtf.tf2 function": (
               mtf_mlp_function(size, "all:8", "batch:all"), FUNCTION_FLOOR)}
@@ -277,6 +292,16 @@ def main(argv=None) -> None:
     floor, floor_best = seconds[mlp[name][1]]
     print(f"| {name} | {s * 1e3:.2f} | {s / eager:.2f}x | {s / floor:.2f}x | {best * 1e3:.2f} | "
           f"{best / eager_best:.2f}x | {best / floor_best:.2f}x |")
+  print("\nThe lowering cache (the graph built at every call, its program run) against the "
+        "mtf.tf2 function and against lowering at every call\n")
+  print("| mesh | cache ms (median) | / mtf.tf2 function | / lowered per call | best: / function "
+        "| best: / lowered per call |")
+  print("|---|---|---|---|---|---|")
+  for mesh in ("one device", "data-parallel 8"):
+    (c, c_best), (f, f_best), (p, p_best) = (seconds[f"mtf {mesh}, {case}"] for case in (
+        "lowering cache", "mtf.tf2 function", "lowered per call"))
+    print(f"| {mesh} | {c * 1e3:.2f} | {c / f:.2f}x | {c / p:.2f}x | {c_best / f_best:.2f}x | "
+          f"{c_best / p_best:.2f}x |")
   print(f"\nload average after: {os.getloadavg()}")
 
 
