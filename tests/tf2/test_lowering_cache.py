@@ -159,6 +159,24 @@ def test_twenty_training_steps_with_dropout_equal_the_uncached_run(lowered):
   assert losses[-1] < 0.8 * losses[0]  # the updates reached the variables
 
 
+def _draw() -> np.ndarray:
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  u = mtf.random_uniform(mesh, [mtf.Dimension("batch", BATCH), hidden])
+  return mtf.Lowering(graph, {mesh: _impl()}).export_to_tf_tensor(u).numpy()
+
+
+def test_setting_the_seed_again_restarts_a_served_graphs_draws():
+  with mtf.lowering_cache() as cache:
+    tf2.random.set_seed(3)
+    first = [_draw() for _ in range(3)]
+    tf2.random.set_seed(3)
+    again = [_draw() for _ in range(3)]  # all three served by the program
+  assert cache.hits == 4
+  np.testing.assert_array_equal(again, first)
+  assert not np.array_equal(first[1], first[2])
+
+
 def test_the_cache_keeps_the_most_recently_used_structures():
   with mtf.lowering_cache(max_entries=2) as cache:
     forward()
@@ -194,11 +212,14 @@ def test_an_eager_client_agrees_with_its_function_with_the_cache_on():
   assert cache.hits == 0  # its variables are new at every call: another structure each time
 
 
-def test_an_eager_client_keeping_its_variables_is_served_with_its_uncached_values():
+@pytest.mark.parametrize("build", [test_eager_clients.neo_next_tokens,  # mtf.layers, sampling
+                                   test_eager_clients.unitransformer_samples],  # while loops
+                         ids=["mtf_layers", "transformer_layers"])
+def test_an_eager_client_keeping_its_variables_is_served_with_its_uncached_values(build):
   def run():
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
-    outputs = test_eager_clients.neo_next_tokens(mesh, tf.constant(test_eager_clients._tokens()))
+    outputs = build(mesh, tf.constant(test_eager_clients._tokens()))
     lowering = mtf.Lowering(graph, {mesh: test_eager_clients._mesh_impl()})
     return [lowering.export_to_tf_tensor(x).numpy() for x in outputs]
 
