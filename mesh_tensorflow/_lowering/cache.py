@@ -53,6 +53,9 @@ _MAX_DEPTH = 8
 # the variable scopes' default names unique per call (dropout_12/..., then dropout_13/...).
 # Random ops draw by their key names instead (random_keys.py), which are part of the key.
 _NOT_STRUCTURE = frozenset({"_name"})
+# Functions of these packages are module-level and the same object at every call (mtf's own may
+# be closures made per call, e.g. cast's lambda over the dtype: those are keyed by code and cells).
+_LIBRARIES = ("tensorflow.", "keras.", "numpy.")
 # A mesh implementation's run-time state, not its configuration.
 _IMPL_STATE = frozenset({"copy_master_to_slice_ops", "_program"})
 
@@ -83,7 +86,7 @@ class LoweringCache:
   def clear(self) -> None:
     self._entries.clear()
 
-  def _entry(self, key: tuple) -> _Entry:
+  def _entry(self, key: _Key) -> _Entry:
     entry = self._entries.pop(key, None) or _Entry()
     self._entries[key] = entry
     while len(self._entries) > self.max_entries:
@@ -267,10 +270,9 @@ class _Walk:
     self._numbers = {}  # id(object) -> its number in this walk (ops, tensors, meshes)
     self._held = []  # what _numbers refers to, so no id is reused during the walk
     try:
-      self.key = (_context_key(),
-                  tuple(self._impl(mesh, impl) for mesh, impl in mesh_to_impl.items()),
-                  tuple(self._op(op) for op in self._all_ops(self.ops)))
-      hash(self.key)
+      self.key = _Key((_context_key(),
+                       tuple(self._impl(mesh, impl) for mesh, impl in mesh_to_impl.items()),
+                       tuple(self._op(op) for op in self._all_ops(self.ops))))
     except (_Unkeyable, TypeError):  # TypeError: an unhashable value
       self.key = None
 
@@ -279,47 +281,67 @@ class _Walk:
       yield op
       yield from self._all_ops(op.nested_operations())
 
-  def _number(self, obj, kind: str) -> tuple:
-    if id(obj) not in self._numbers:
-      self._numbers[id(obj)] = len(self._numbers)
+  def _number(self, obj) -> int:
+    number = self._numbers.get(id(obj))
+    if number is None:
+      number = self._numbers[id(obj)] = len(self._numbers)
       self._held.append(obj)
-    return (kind, self._numbers[id(obj)])
+    return number
 
   def _impl(self, mesh, impl) -> tuple:
     config = tuple((name, self._value(value, 0)) for name, value in sorted(vars(impl).items())
                    if name not in _IMPL_STATE)
-    return (self._number(mesh, "mesh"), type(impl), config)
+    return ("mesh", self._number(mesh), type(impl), config)
 
   def _op(self, op) -> tuple:
     fed = getattr(type(op), "lowering_cache_inputs", ())
     ignored = getattr(type(op), "lowering_cache_ignores", ())
-    parts = [type(op), self._number(op, "op")]
+    parts = [type(op), self._number(op)]
     for name, value in vars(op).items():
       if name in ignored or name in _NOT_STRUCTURE:
         continue
       if name in fed and isinstance(value, tf.Tensor):
         self.inputs.append((op, name))
-        parts.append((name, "input", tuple(value.shape.as_list()), value.dtype))
+        parts.append((name, "input", tuple(value.shape.as_list()), value.dtype.name))
       else:
         parts.append((name, self._value(value, 0)))
     return tuple(parts)
 
+  def _tensor(self, t: Tensor) -> tuple:
+    """Its number, shape and dtype, in types Python hashes and compares without calling back."""
+    return ("tensor", self._number(t), tuple(t.shape.dims), t.dtype.name)
+
   def _value(self, value, depth: int):  # noqa: C901 (one case per kind of attribute)
-    """A hashable stand-in for an attribute value: equal stand-ins lower alike."""
-    if value is None or isinstance(value, (str, bytes)):
+    """A hashable stand-in for an attribute value: equal stand-ins lower alike.
+
+    The commonest kinds (an op's input and output lists, its dimension name sets) come first.
+    """
+    cls = type(value)
+    if value is None or cls is str or cls is bytes:
       return value
+    if cls is Tensor:
+      return self._tensor(value)
+    if cls is list or cls is tuple:
+      return (cls,) + tuple(self._tensor(v) if type(v) is Tensor else self._value(v, depth + 1)
+                            for v in value)
+    if cls is frozenset and all(type(v) is str for v in value):
+      return value
+    if cls is Mesh:
+      return ("mesh", self._number(value))
+    if cls is types.FunctionType and value.__module__.startswith(_LIBRARIES):
+      return value  # a library's function (tf.negative, ...): the same object at every call
     if isinstance(value, (bool, int, float, complex)):
-      return (type(value), value)
+      return (cls, value)
     if depth > _MAX_DEPTH:
       return _Same(value)
     if isinstance(value, Tensor):
-      return self._number(value, "tensor") + (value.shape, value.dtype)
+      return self._tensor(value)
     if isinstance(value, Operation):
-      return self._number(value, "op")
+      return ("op", self._number(value))
     if isinstance(value, Mesh):
-      return self._number(value, "mesh")
+      return ("mesh", self._number(value))
     if isinstance(value, (list, tuple)):
-      return (type(value),) + tuple(self._value(v, depth + 1) for v in value)
+      return (cls,) + tuple(self._value(v, depth + 1) for v in value)
     if isinstance(value, (set, frozenset)):
       return frozenset(self._value(v, depth + 1) for v in value)
     if isinstance(value, dict):
@@ -332,6 +354,8 @@ class _Walk:
       return _array_key(value.numpy()) if small else _Same(value)
     if isinstance(value, tf2.Variable):  # (tf.compat.v1.Variable is another class)
       return _Same(value)
+    if isinstance(value, tf.DType):
+      return value.name
     if isinstance(value, types.FunctionType):
       cells = tuple(self._value(_cell(c), depth + 1) for c in value.__closure__ or ())
       return (value.__code__, self._value(value.__defaults__, depth + 1),
@@ -342,10 +366,26 @@ class _Walk:
     if isinstance(value, types.MethodType):
       return ("method", self._value(value.__func__, depth + 1), self._value(value.__self__, depth + 1))
     if _has_value_equality(value):
-      return value  # Shape, LayoutRules, tf.DType, Signature, ...: equal values lower alike
-    if hasattr(value, "__dict__") and type(value).__module__.startswith("mesh_tensorflow."):
-      return (type(value),) + tuple((k, self._value(v, depth + 1)) for k, v in vars(value).items())
+      return value  # Shape, LayoutRules, Signature, ...: equal values lower alike
+    if hasattr(value, "__dict__") and cls.__module__.startswith("mesh_tensorflow."):
+      return (cls,) + tuple((k, self._value(v, depth + 1)) for k, v in vars(value).items())
     return _Same(value)
+
+
+class _Key:
+  """A structure key with its hash computed once (a dict lookup would hash the tuple again)."""
+
+  __slots__ = ("parts", "_hash")
+
+  def __init__(self, parts: tuple):
+    self.parts = parts
+    self._hash = hash(parts)
+
+  def __eq__(self, other):
+    return isinstance(other, _Key) and self._hash == other._hash and self.parts == other.parts
+
+  def __hash__(self):
+    return self._hash
 
 
 def _context_key() -> tuple:
