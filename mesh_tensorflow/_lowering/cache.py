@@ -100,8 +100,10 @@ class _Entry:
 
   seen: bool = False  # lowered eagerly once
   program: Optional[object] = None  # a ConcreteFunction: imported tensors -> every slice
-  traced: Optional[object] = None  # the Lowering built while tracing (variables, counters, events)
+  traced: Optional[object] = None  # the Lowering built while tracing (its graph, variables, operations)
   slices_per_tensor: Optional[list] = None  # per tensor, how many outputs hold it (None: no value)
+  counters: Optional[list] = None  # the traced lowering's, before its outputs were forced
+  events: Optional[list] = None  # likewise its communication events
   cacheable: bool = True  # False once tracing failed: lowered eagerly from then on
 
 
@@ -221,6 +223,9 @@ def _trace(entry: _Entry, lowering, walk: _Walk) -> bool:
       for op, attribute, value in fed:
         setattr(op, attribute, value)
     entry.traced = traced
+    # What the lowering itself recorded; forcing every output below may add allreduces of lazy
+    # sums nobody exports (an eager lowering records those only when they are exported).
+    entry.counters, entry.events = list(traced.counters), traced.communication_events
     entry.slices_per_tensor, outputs = [], []
     for t in walk.tensors:
       value = traced.tensors.get(t)
@@ -254,7 +259,7 @@ def _run(entry: _Entry, lowering, walk: _Walk) -> Served:
   return Served(tensors=tensors,
                 operations={mine[op]: None for op in traced.operations},  # eager ops return None
                 variables={mine[v]: laid_out_variable for v, laid_out_variable in traced.variables.items()},
-                counters=traced.counters, events=traced.communication_events)
+                counters=entry.counters, events=entry.events)
 
 
 class _Walk:
