@@ -83,9 +83,6 @@ class LoweringCache:
     return (f"LoweringCache(entries={len(self)}, max_entries={self.max_entries}, hits={self.hits}, "
             f"lowerings={self.lowerings})")
 
-  def clear(self) -> None:
-    self._entries.clear()
-
   def _entry(self, key: _Key) -> _Entry:
     entry = self._entries.pop(key, None) or _Entry()
     self._entries[key] = entry
@@ -172,7 +169,7 @@ def serve(lowering, log_file=None, random_position=None) -> Optional[Served]:
   walk = _Walk(lowering.graph, lowering.mesh_to_impl)
   if walk.key is None:
     return None
-  entry = cache._entry(walk.key)  # pylint: disable=protected-access
+  entry = cache._entry(walk.key)
   if entry.program is None:
     cache.lowerings += 1
     if not entry.seen or not entry.cacheable:  # a graph built once pays no trace
@@ -272,8 +269,7 @@ class _Walk:
     self.ops = list(graph.operations)
     self.tensors = [t for op in self.ops for t in op.outputs]
     self.inputs = []
-    self._numbers = {}  # id(object) -> its number in this walk (ops, tensors, meshes)
-    self._held = []  # what _numbers refers to, so no id is reused during the walk
+    self._numbers = {}  # id(object) -> its number in this walk (ops, tensors, meshes: the graph's)
     try:
       self.key = _Key((_context_key(),
                        tuple(self._impl(mesh, impl) for mesh, impl in mesh_to_impl.items()),
@@ -290,7 +286,6 @@ class _Walk:
     number = self._numbers.get(id(obj))
     if number is None:
       number = self._numbers[id(obj)] = len(self._numbers)
-      self._held.append(obj)
     return number
 
   def _impl(self, mesh, impl) -> tuple:

@@ -195,6 +195,34 @@ def test_switched_off_every_call_lowers(lowered):
   assert cache is None and len(lowered) == 3
 
 
+def test_a_plain_call_switches_the_cache_off_until_the_next_call(lowered):
+  scope = mtf.lowering_cache(enabled=False)
+  try:
+    for _ in range(3):
+      forward()
+  finally:
+    scope.__exit__(None, None, None)  # the process's cache back, for the other tests
+  assert len(lowered) == 3
+
+
+def _eager_only() -> np.ndarray:
+  """A graph whose slicewise function reads its slice as a NumPy array: it runs eagerly only."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.import_tf_tensor(mesh, tf.constant(X), [mtf.Dimension("batch", BATCH), inp])
+  y = mtf.slicewise(lambda s: tf.constant(s.numpy() * 2), [x], output_shape=x.shape, output_dtype=x.dtype,
+                    splittable_dims=x.shape.dims)
+  return mtf.Lowering(graph, {mesh: _impl()}).export_to_tf_tensor(y).numpy()
+
+
+def test_a_graph_that_cannot_be_traced_is_lowered_eagerly_every_time(lowered):
+  with mtf.lowering_cache() as cache:
+    values = [_eager_only() for _ in range(3)]
+  for value in values:
+    np.testing.assert_array_equal(value, 2 * X)
+  assert (cache.lowerings, cache.hits) == (3, 0)
+
+
 def test_graph_mode_lowers_every_time(lowered):
   with mtf.lowering_cache() as cache, tf.Graph().as_default():
     for _ in range(3):
