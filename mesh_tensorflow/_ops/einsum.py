@@ -21,6 +21,7 @@ from mesh_tensorflow._core.dims import Dimension, Shape, convert_to_shape
 from mesh_tensorflow._core.errors import BroadcastWarning
 from mesh_tensorflow._core.operation import Operation
 from mesh_tensorflow._core.tensor import Tensor
+from mesh_tensorflow._lowering.lazy import LazyAllreduceSum
 from mesh_tensorflow._lowering.mesh_impl import expand_dims_to
 from mesh_tensorflow._ops import _checks as checks
 from mesh_tensorflow._ops import reduce as reduce_ops
@@ -70,7 +71,12 @@ class EinsumOperation(Operation):
     union_shape = Shape(input_dims)
     slice_fn, reduced_mesh_axes = _einsum_slice_fn(
         input_shapes, computed_shape, union_shape, self.outputs[0].dtype, mesh_impl)
-    y = mesh_impl.slicewise(slice_fn, *[lowering.tensors[x] for x in self.inputs])
+    laid_out = [lowering.tensors[x] for x in self.inputs]
+    pending_axes = _pending_sum_axes(self.inputs, laid_out, output_shape, mesh_impl)
+    if pending_axes:  # linear in that input: sum its partial sums after the einsum, with its own
+      laid_out = [v.laid_out_input if isinstance(v, LazyAllreduceSum) else v for v in laid_out]
+    y = mesh_impl.slicewise(slice_fn, *laid_out)
+    reduced_mesh_axes = sorted(set(reduced_mesh_axes) | set(pending_axes))
     if reduced_mesh_axes:
       y = lowering.comm(self).lazy_allreduce_sum(y, reduced_mesh_axes, "einsum_op")
     if computed_shape != output_shape:
@@ -78,6 +84,19 @@ class EinsumOperation(Operation):
     lowering.set_tensor_lowering(self.outputs[0], y)
     lowering.add_counter("einsum", mesh_impl.laid_out_size(union_shape))
     lowering.add_counter("einsum_unique", union_shape.size)
+
+
+def _pending_sum_axes(inputs: Sequence[Tensor], laid_out: list, output_shape: Shape, mesh_impl) -> list:
+  """The mesh axes of the one input that is a pending allreduce sum, when the einsum may take its
+  partial sums instead (no other input and not the output split over those axes), else []."""
+  lazy = [(x, v) for x, v in zip(inputs, laid_out) if isinstance(v, LazyAllreduceSum)]
+  if len(lazy) != 1 or lazy[0][1].mesh_impl is not mesh_impl:
+    return []
+  axes = set(lazy[0][1].mesh_axes)
+  others = [x.shape for x in inputs if x is not lazy[0][0]] + [output_shape]
+  if any(axes & set(mesh_impl.tensor_layout(shape).tensor_axis_to_mesh_axis) for shape in others):
+    return []
+  return sorted(axes)
 
 
 def einsum(xs: Sequence[Tensor], output_shape=None, reduced_dims=None,

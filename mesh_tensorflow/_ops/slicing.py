@@ -144,7 +144,9 @@ class PadOperation(_AlongOneDimOperation):
     mesh_impl = lowering.mesh_impl(self)
     paddings = [[0, 0]] * self.inputs[0].shape.ndims
     paddings[self._axis] = self._paddings
-    y = mesh_impl.slicewise(lambda x: tf.pad(x, paddings), lowering.tensors[self.inputs[0]])
+    # zero padding is linear: a pending allreduce sum stays pending (a pipeline's weight
+    # gradients then sum over the ticks before they are reduced once)
+    y = mesh_impl.slicewise_delay_allreduce(lambda x: tf.pad(x, paddings), lowering.tensors[self.inputs[0]])
     lowering.set_tensor_lowering(self.outputs[0], y)
 
 

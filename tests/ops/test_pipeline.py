@@ -263,6 +263,22 @@ def test_explain_shows_one_shift_between_stages_per_tick_and_a_stages_share_of_t
   assert explanation.report.memory.variable_bytes == total // 4
 
 
+@pytest.mark.parametrize("schedule, num_layers", [("fill_drain", 4), ("circular", 8)])
+@pytest.mark.parametrize("microbatches", [1, 4])
+def test_weight_gradients_are_allreduced_over_the_batch_once_per_step_not_once_per_tick(
+    schedule, num_layers, microbatches):
+  """Each tick's weight gradient is a partial sum over the batch's mesh dimension; the ticks' sum
+  stays pending through the weight selection's gradient (pad, einsum), so each weight is
+  allreduced once, however many ticks use it."""
+  graph, y, _ = _build_graph(num_layers, 2, microbatches, schedule)
+  variables = graph.trainable_variables
+  grads = mtf.gradients([mtf.reduce_sum(y)], [v.outputs[0] for v in variables])
+  mtf.optimize.SgdOptimizer(0.1).apply_grads(grads, variables)
+  report = mtf.explain(graph, "stage:2;batch:4", "stages:stage;batch:batch", file=io.StringIO()).report
+  over_batch = [e for e in report.events if e.kind == "allreduce" and e.mesh_axes == (1,)]
+  assert len(over_batch) == len(variables) == 2
+
+
 def test_emulated_simd_backend_runs_each_microbatch_through_every_layer():
   """Weightless identical layers h -> 2h + 1 (four of them: 16x + 15), circular with M > S, so a
   microbatch waits for stage 0; the SIMD backend's shifts and sums run on emulated TPU replicas."""
