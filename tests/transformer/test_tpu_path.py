@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gin
 import numpy as np
 import pytest
@@ -336,3 +337,20 @@ def test_tpu_training_graph_builds_without_a_tpu(tmp_path, tiny_model):
   assert not any("_slice_" in v.op.name for v in masters)  # checkpoints hold masters only
   assert len(built.loop_outputs) == 3 and copy_out.type == "NoOp"
   assert built.set_global_step.device == "/job:worker/task:0/device:CPU:0"
+
+
+def test_tpu_training_graph_takes_the_outer_batch_size_of_tpu_estimator_model_fn(tmp_path, tiny_model):
+  """explain --search prints tpu_estimator_model_fn.outer_batch_size for a pipeline over the
+  outer batch: the TPU training graph's features are then [outer_batch, batch, length]."""
+  mesh_shape = tpu_mesh_shape("v3-8", 2)
+  model = tiny_model(mesh_shape)
+  config = dataclasses.replace(_config(tmp_path / "model", mesh_shape), outer_batch_size=2)
+  assignment, l2p = tpu_lib.assign_devices(_v3_topology(2, 2), mesh_shape)
+  with tf.Graph().as_default():
+    dataset = tf.data.Dataset.from_tensors({"targets": np.ones([LENGTH], np.int32)})
+    built = tpu_lib.build_training_graph(model, dataset, config, VARIABLE_DTYPE, assignment, l2p,
+                                         job="worker")
+  shapes = {op.outputs[0].shape for op in built.lowering.graph.operations
+            if isinstance(op, mtf.ImportOperation) and op.outputs[0].shape.ndims}  # not the scalars
+  assert shapes == {mtf.Shape([mtf.Dimension("outer_batch", 2), mtf.Dimension("batch", BATCH // 2),
+                               mtf.Dimension("length", LENGTH)])}

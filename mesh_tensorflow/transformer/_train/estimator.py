@@ -128,7 +128,8 @@ class ModelFn:
         learning_rate_schedule=self.learning_rate_schedule, optimizer=self.optimizer,
                             variable_filter=self.variable_filter,
         init_checkpoint=self.init_checkpoint, init_variable_filter=self.init_variable_filter or "",
-        seen_data_init_step=seen_data_init_step, random_seed=random_seed)
+        seen_data_init_step=seen_data_init_step, random_seed=random_seed,
+        outer_batch_size=self.outer_batch_size or 1)
 
   def __call__(self, features: dict, labels, mode: str, params: Optional[dict] = None,
                config=None) -> EstimatorSpec:
@@ -153,8 +154,7 @@ class ModelFn:
     if mode == ModeKeys.TRAIN:
       config = self.train_config(train_steps=0)
       lowered = loop.build_training_graph(self.transformer_model, features, config, get_variable_dtype(),
-                                          log_file=self.model_info_file or None,
-                                          outer_batch_size=build["outer_batch_size"])
+                                          log_file=self.model_info_file or None)
       return EstimatorSpec(mode, lowered, loss=lowered.outputs["loss"], train_op=lowered.train_op)
     graph_mode = "infer" if mode == ModeKeys.PREDICT else "eval"
     if mode != ModeKeys.EVAL:

@@ -54,6 +54,7 @@ class TrainConfig:
   init_variable_filter: str = ""
   seen_data_init_step: int = 0
   random_seed: Optional[int] = DEFAULT_RANDOM_SEED
+  outer_batch_size: int = 1  # > 1: the batch as outer_batch x batch (tpu_estimator_model_fn's)
 
 
 def checkpoint_step(path: str) -> int:
@@ -105,7 +106,7 @@ def build_training_graph(model, features: dict, config: TrainConfig, variable_dt
       model, features, "train", mesh_impl, variable_dtype, autostack=config.autostack,
       optimizer=config.optimizer, learning_rate=_learning_rate(config.learning_rate_schedule, global_step),
       variable_filter=config.variable_filter, skip_non_finite=nonfinite.non_finite_policy().skip,
-      **build_kwargs)
+      outer_batch_size=config.outer_batch_size, **build_kwargs)
 
 
 def train_with(build: Callable[[int], model_fn.LoweredModel], config: TrainConfig, print_fn: Callable = print,

@@ -173,7 +173,7 @@ def replica_train_step(model, features: dict, mesh_impl, variable_dtype, config:
       learning_rate=loop._learning_rate(config.learning_rate_schedule,  # pylint: disable=protected-access
                                         tf.train.get_or_create_global_step()),
       variable_filter=config.variable_filter, variable_placer=variable_placer,
-      random_position=random_position)
+      random_position=random_position, outer_batch_size=config.outer_batch_size)
 
 
 def hierarchical_tiling_spec() -> Optional[list]:
