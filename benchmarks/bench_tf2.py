@@ -10,9 +10,9 @@ Two tables, every case timed interleaved (`--reps` repetitions of `--steps` call
    issue #37's), forward and backward (loss and both weight gradients): plain TF eager
    (GradientTape), plain TF in a tf.function, the floor (plain TF over 8 device-placed shards of
    the batch with a hand-written gradient sum, eager and in a tf.function), mtf built and lowered
-   at every call (what eager callers of mtf.Lowering pay without the lowering cache), mtf built
-   at every call and served by the lowering cache (mtf.lowering_cache: the graph's program runs,
-   nothing is lowered), and a mtf.tf2 function. Every case is
+   at every call (what eager callers of mtf.Lowering pay without the lowering cache), the
+   mtf.tf2 function's graph built at every call and served by the lowering cache
+   (mtf.lowering_cache: its program runs, nothing is lowered), and a mtf.tf2 function. Every case is
    reported against plain TF eager on one device and against the floor in its own mode (eager
    cases against the eager floor, functions against the tf.function floor).
    Goals: mtf on one device within 2x of plain TF eager; mtf.tf2 function at data-parallel 8
@@ -177,11 +177,10 @@ def _mtf_mlp(size: MlpSize, mesh, x, w1, w2):
   return loss, mtf.gradients([loss], [w1, w2])
 
 
-def mtf_mlp_lowered_per_call(size: MlpSize, mesh_shape: str, layout: str, cached: bool = False) -> Callable:
-  """What an eager caller of mtf.Lowering pays: the mtf graph built (and lowered) at every call.
+def mtf_mlp_lowered_per_call(size: MlpSize, mesh_shape: str, layout: str) -> Callable:
+  """What an eager caller of mtf.Lowering pays: the mtf graph built and lowered at every call.
 
-  cached: served by the process's lowering cache (lowered twice, then its program runs);
-  otherwise lowered at every call (the cache switched off for the call).
+  The lowering cache is switched off for the call (with it, see mtf_mlp_lowering_cache).
   """
   x, w1_value, w2_value = _mlp_data(size)
   w1, w2 = tf2.Variable(w1_value), tf2.Variable(w2_value)
@@ -193,26 +192,44 @@ def mtf_mlp_lowered_per_call(size: MlpSize, mesh_shape: str, layout: str, cached
     loss, grads = _mtf_mlp(size, mesh, x, mtf.import_fully_replicated(mesh, w1, [inp, hidden]),
                            mtf.import_fully_replicated(mesh, w2, [hidden, inp]))
     impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, _devices(mesh_shape))
-    lowering = mtf.Lowering(graph, {mesh: impl})
-    return [lowering.export_to_tf_tensor(t).numpy() for t in [loss] + grads]
-
-  def uncached_step():
     with mtf.lowering_cache(enabled=False):
-      return step()
-  return step if cached else uncached_step
+      lowering = mtf.Lowering(graph, {mesh: impl})
+    return [lowering.export_to_tf_tensor(t).numpy() for t in [loss] + grads]
+  return step
+
+
+def _mtf_mlp_of_variables(size: MlpSize, mesh, w1_value, w2_value, x):
+  """The mtf.tf2 function's graph: the MLP of two mtf variables, its loss and their gradients."""
+  inp, hidden = mtf.Dimension("inp", size.inp), mtf.Dimension("hidden", size.hidden)
+  w1 = mtf.get_variable(mesh, "w1", [inp, hidden], initializer=tf.constant_initializer(w1_value))
+  w2 = mtf.get_variable(mesh, "w2", [hidden, inp], initializer=tf.constant_initializer(w2_value))
+  loss, grads = _mtf_mlp(size, mesh, x, w1, w2)
+  return [loss] + grads
+
+
+def mtf_mlp_lowering_cache(size: MlpSize, mesh_shape: str, layout: str) -> Callable:
+  """The mtf.tf2 function's graph built and mtf.Lowering-ed eagerly at every call, its variables
+  kept by tf.compat.v1.make_template: the process's lowering cache lowers it twice, then runs
+  its program."""
+  x, w1_value, w2_value = _mlp_data(size)
+
+  def step():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    outputs = _mtf_mlp_of_variables(size, mesh, w1_value, w2_value, x)
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout, _devices(mesh_shape))
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    return [lowering.export_to_tf_tensor(t).numpy() for t in outputs]
+  return tf.make_template("mlp", step)
 
 
 def mtf_mlp_function(size: MlpSize, mesh_shape: str, layout: str) -> Callable:
   x, w1_value, w2_value = _mlp_data(size)
-  inp, hidden = mtf.Dimension("inp", size.inp), mtf.Dimension("hidden", size.hidden)
   module = mtf.tf2.MeshModule(mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, layout,
                                                                          _devices(mesh_shape)))
 
   def fn(mesh, x):
-    w1 = mtf.get_variable(mesh, "w1", [inp, hidden], initializer=tf.constant_initializer(w1_value))
-    w2 = mtf.get_variable(mesh, "w2", [hidden, inp], initializer=tf.constant_initializer(w2_value))
-    loss, grads = _mtf_mlp(size, mesh, x, w1, w2)
-    return [loss] + grads, []
+    return _mtf_mlp_of_variables(size, mesh, w1_value, w2_value, x), []
   step = module.function(fn, [tf2.TensorSpec([size.batch, size.inp], tf.float32)])
   return lambda: [t.numpy() for t in step(x)]
 
@@ -231,9 +248,9 @@ def mlp_cases(size: MlpSize) -> dict:
           "mtf data-parallel 8, lowered per call": (
               mtf_mlp_lowered_per_call(size, "all:8", "batch:all"), EAGER_FLOOR),
           "mtf one device, lowering cache": (
-              mtf_mlp_lowered_per_call(size, "all:1", "", cached=True), EAGER_FLOOR),
+              mtf_mlp_lowering_cache(size, "all:1", ""), EAGER_FLOOR),
           "mtf data-parallel 8, lowering cache": (
-              mtf_mlp_lowered_per_call(size, "all:8", "batch:all", cached=True), EAGER_FLOOR),
+              mtf_mlp_lowering_cache(size, "all:8", "batch:all"), EAGER_FLOOR),
           "mtf one device, mtf.tf2 function": (mtf_mlp_function(size, "all:1", ""), FUNCTION_FLOOR),
           "mtf data-parallel 8, mtf.tf2 function": (
               mtf_mlp_function(size, "all:8", "batch:all"), FUNCTION_FLOOR)}
