@@ -189,9 +189,7 @@ def _whole_masters(mesh_to_impl: dict) -> bool:
 
 def _trace(entry: _Entry, lowering, walk: _Walk) -> bool:
   """Lowers the graph inside a tf.function into entry.program; False if it cannot be traced."""
-  from mesh_tensorflow._lowering.lowering import Lowering  # lowering.py imports this module
-
-  class _Traced(Lowering):
+  class _Traced(type(lowering)):  # the Lowering being served (lowering.py imports this module)
     def _may_be_read(self, laid_out_value) -> bool:
       """Every tensor is an output of the program (its Lowering holds them all), so the fused
       device programs must keep every value."""
