@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import types
+from typing import Optional
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -125,14 +126,39 @@ def _cell_value(cell, depth: int):
   return _freeze(contents, depth)
 
 
-class ShapeOnlyMeshImpl(MeshImpl):
-  """A mesh of `shape` laid out by `layout`, with shape-only slices and no-op collectives."""
+class ShapeValues:
+  """Shape-only values and what slicewise built from them, in one throwaway TF graph.
 
-  def __init__(self, shape, layout_rules):
+  A value depends on shapes alone, not on the mesh, so dry runs of one graph under many layouts
+  (explain --search) can share them: a later dry run builds only the calls no earlier one made.
+  """
+
+  MAX_OPS = 200_000  # a graph grown past this is replaced by an empty one (`fresh`)
+
+  def __init__(self):
+    self.graph = tf.Graph()
+    self.placeholders = {}  # (scope, shape, dtype) -> its one placeholder
+    self.built = {}  # (scope, function key, input shapes) -> fn's output(s)
+    self.no_ops = {}  # scope -> its one no-op
+
+  def fresh(self) -> ShapeValues:
+    """self, or a new ShapeValues once self's graph holds MAX_OPS ops."""
+    return self if self.graph.version < self.MAX_OPS else ShapeValues()  # version: ops made
+
+
+class ShapeOnlyMeshImpl(MeshImpl):
+  """A mesh of `shape` laid out by `layout`, with shape-only slices and no-op collectives.
+
+  Its values live in the default TF graph of the lowering; `values` (a ShapeValues, whose graph
+  must then be the default one) shares them with other dry runs.
+  """
+
+  def __init__(self, shape, layout_rules, values: Optional[ShapeValues] = None):
     super().__init__(shape, layout_rules)
-    self._placeholders = {}  # (scope, shape, dtype) -> its one placeholder
-    self._built = {}  # (scope, function key, input shapes) -> fn's output(s)
-    self._no_ops = {}  # scope -> its one no-op
+    values = values or ShapeValues()
+    self._placeholders = values.placeholders
+    self._built = values.built
+    self._no_ops = values.no_ops
 
   class LaidOutTensor(laid_out.LaidOutTensor):
     """One placeholder standing for every processor's slice."""

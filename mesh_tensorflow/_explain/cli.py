@@ -39,11 +39,9 @@ def _search_deep(args, bindings: list) -> None:
   if args.pipeline_search:
     from mesh_tensorflow.transformer import utils
 
-    graph, _ = build(1)
-    boundary = pipeline_search.boundary_bytes(graph, args.batch, args.length,
-                                              utils.get_variable_dtype().activation_dtype.size)
     processors = mtf_shape_size(args.mesh_shape)
-    found = pipeline_search.candidates(build, num_layers, processors, time_model, args.batch, boundary)
+    found = pipeline_search.candidates(build, num_layers, processors, time_model, args.batch, args.length,
+                                       utils.get_variable_dtype().activation_dtype.size)
     pipeline_search.print_search(found, tokens)
 
 

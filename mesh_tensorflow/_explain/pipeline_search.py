@@ -82,7 +82,7 @@ def stage_meshes(processors: int, batch: int) -> list:
 
 
 def candidates(build_graph: Callable[[int, int], tuple], num_layers: int, processors: int, time_model,
-               batch: int, boundary_bytes: float) -> list:
+               batch: int, length: int, activation_bytes: int) -> list:
   """Every pipelined layout of the model on `processors`, costed (fill-drain, with and without recompute).
 
   Args:
@@ -93,13 +93,15 @@ def candidates(build_graph: Callable[[int, int], tuple], num_layers: int, proces
     processors: the number of processors of the whole mesh.
     time_model: a TimeModel with a memory size.
     batch: the batch size (microbatches and the batch mesh dimension must divide it).
-    boundary_bytes: bytes of the activations between two layers at the full batch, unsplit.
+    length, activation_bytes: the sequence length and the activations' bytes per element (the
+      activations between two layers are [batch, length, d_model]).
   """
   stage_counts = [2 ** i for i in range(1, MAX_STAGES.bit_length())]
   stage_counts = [s for s in stage_counts if num_layers % s == 0 and processors % s == 0]
   splits = [split for s in stage_counts for _, _, split in stage_meshes(processors // s, batch)]
   outer = _outer_batch_size(batch, stage_counts, splits)
   graphs = [build_graph(d, outer) for d in DEPTHS]
+  boundary = boundary_bytes(graphs[1][0], batch, length, activation_bytes)
   ret = []
   for stages in stage_counts:
     for stage_mesh, rules, batch_split in stage_meshes(processors // stages, batch):
@@ -116,7 +118,7 @@ def candidates(build_graph: Callable[[int, int], tuple], num_layers: int, proces
         sched = pipeline_schedule(num_layers, stages, micro)
         for recompute in (False, True):
           cost = pipeline_plan.pipeline_cost(
-              stage_cost_at, num_layers, sched, boundary_bytes / batch_split, mesh,
+              stage_cost_at, num_layers, sched, boundary / batch_split, mesh,
               f"stages:{STAGE_MESH_DIM};{costing_rules}", time_model, STAGE_MESH_DIM, recompute,
               outside_cost=outside_cost)
           if outside_cost is None:

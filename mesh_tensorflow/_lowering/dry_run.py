@@ -73,8 +73,9 @@ def dry_run(graph, mesh_shape, layout_rules, autostack: bool = False) -> DryRunR
   """
   from mesh_tensorflow._backends.shape_only import ShapeOnlyMeshImpl
   mesh = _the_mesh(graph)
-  impl = ShapeOnlyMeshImpl(convert_to_shape(mesh_shape), convert_to_layout_rules(layout_rules))
-  with tf.Graph().as_default():
+  values = _shared_values()
+  impl = ShapeOnlyMeshImpl(convert_to_shape(mesh_shape), convert_to_layout_rules(layout_rules), values)
+  with values.graph.as_default():
     lowering = _shape_only_lowering_class()(graph, {mesh: impl}, autostack=autostack)
   variable_bytes = slot_bytes = 0
   for v in graph.all_variables:
@@ -89,6 +90,18 @@ def dry_run(graph, mesh_shape, layout_rules, autostack: bool = False) -> DryRunR
   return DryRunResult(events=tuple(lowering.communication_events), counters=tuple(lowering.counters),
                       variable_bytes=variable_bytes, slot_bytes=slot_bytes,
                       activation_bytes=activation_bytes)
+
+
+_shared = []  # the ShapeValues every dry run of this process builds in
+
+
+def _shared_values():
+  """The process's ShapeValues (a fresh one once its graph has grown large)."""
+  from mesh_tensorflow._backends.shape_only import ShapeValues
+  if not _shared:
+    _shared.append(ShapeValues())
+  _shared[0] = _shared[0].fresh()
+  return _shared[0]
 
 
 @functools.cache

@@ -76,7 +76,7 @@ class EinsumOperation(Operation):
     if pending_axes:  # linear in that input: sum its partial sums after the einsum, with its own
       laid_out = [v.laid_out_input if isinstance(v, LazyAllreduceSum) else v for v in laid_out]
     y = mesh_impl.slicewise(slice_fn, *laid_out)
-    reduced_mesh_axes = sorted(set(reduced_mesh_axes) | set(pending_axes))
+    reduced_mesh_axes = list(reduced_mesh_axes) + [a for a in pending_axes if a not in reduced_mesh_axes]
     if reduced_mesh_axes:
       y = lowering.comm(self).lazy_allreduce_sum(y, reduced_mesh_axes, "einsum_op")
     if computed_shape != output_shape:
@@ -88,7 +88,11 @@ class EinsumOperation(Operation):
 
 def _pending_sum_axes(inputs: Sequence[Tensor], laid_out: list, output_shape: Shape, mesh_impl) -> list:
   """The mesh axes of the one input that is a pending allreduce sum, when the einsum may take its
-  partial sums instead (no other input and not the output split over those axes), else []."""
+  partial sums instead (no other input and not the output split over those axes), else [].
+
+  Those other inputs are replicated over the pending axes (selectors, masks), and what follows
+  often adds more partial sums (a pipeline's ticks): one allreduce then serves them all.
+  """
   lazy = [(x, v) for x, v in zip(inputs, laid_out) if isinstance(v, LazyAllreduceSum)]
   if len(lazy) != 1 or lazy[0][1].mesh_impl is not mesh_impl:
     return []

@@ -308,6 +308,41 @@ def test_collective_backend_gives_the_layer_by_layer_model():
   assert_allclose(got, _layer_by_layer(sched, initial)[0])
 
 
+def _given_microbatches_input(mesh, x_value, micro):
+  shape = f"micro:{micro};batch:{BATCH // micro};d_model:{D_MODEL}"
+  x = mtf.import_tf_tensor(mesh, tf.constant(x_value.reshape(micro, -1, D_MODEL)), shape=shape)
+  return x, x.shape.get_dim_by_name("batch"), x.shape.get_dim_by_name("micro")
+
+
+def test_emulated_simd_backend_runs_microbatches_given_over_the_stages():
+  """As above, the 4 microbatches given as a dimension split over the stages' mesh dimension."""
+  from tests.backends.test_simd_mesh_impl import _lower_on_replicas
+  x_value = _inputs()[0]
+
+  def build(mesh):
+    x, batch, micro = _given_microbatches_input(mesh, x_value, 4)
+    return [mtf.pipeline(lambda h, get: h * 2.0 + 1.0, x, 4, mtf.Dimension("stages", 2), batch, 4,
+                         schedule="circular", microbatch_dim=micro)]
+  with tf.Graph().as_default():
+    got, = _lower_on_replicas(build, "stage:2;batch:2", "micro:stage;stages:stage;batch:batch",
+                              list(range(4)))
+  assert_allclose(got.reshape(BATCH, D_MODEL), 16 * x_value + 15)
+
+
+def test_collective_backend_runs_microbatches_given_over_the_stages():
+  sched = mtf.pipeline_schedule(4, 2, 4, "circular")
+  initial = _stacked_weights(sched)
+  x_value = _inputs()[0]
+
+  def build(mesh):
+    x, batch, micro = _given_microbatches_input(mesh, x_value, 4)
+    return [mtf.pipeline(lambda h, get: _mlp_layer(h, get, initial), x, 4, mtf.Dimension("stages", 2),
+                         batch, 4, schedule="circular", microbatch_dim=micro)]
+  got, = lower_and_evaluate(build, "stage:2;batch:2", "micro:stage;stages:stage;batch:batch",
+                            backend="collective")
+  assert_allclose(got.reshape(BATCH, D_MODEL), _layer_by_layer(sched, initial)[0])
+
+
 # ---- bad input: each a build-time error naming the dimension and the fix ----
 
 def test_stages_that_do_not_divide_the_layers_are_refused():

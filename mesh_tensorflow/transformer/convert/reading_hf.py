@@ -60,7 +60,7 @@ def from_hf(hf_dir: str, model_dir: str, overwrite: bool = False) -> dict:
   def read(ours: str) -> np.ndarray:
     weight = sources[ours]
     value = safetensors_files.read(files[weight.hf], weight.hf)
-    return np.ascontiguousarray(value.T if weight.transpose else value, dtype=np.float32)  # one copy
+    return mtf_checkpoints.aligned_copy(value.T if weight.transpose else value, np.float32)  # one copy
 
   mtf_checkpoints.write(prefix, sorted(sources), read)
   with open(os.path.join(model_dir, OPERATIVE_CONFIG), "w") as f:
