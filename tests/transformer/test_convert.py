@@ -362,3 +362,15 @@ def test_an_output_directory_holding_a_model_is_refused_unless_overwrite(tmp_pat
   back = ["from_hf", "--hf_dir", str(tmp_path / "hf"), "--model_dir", str(tmp_path / "ours")]
   status, _, err = run_cli(capsys, *back)
   assert status == 1 and "already holds a model (checkpoint, model.ckpt-7" in err
+
+
+@pytest.mark.parametrize("source_dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
+def test_from_hf_values_are_aligned_float32_copies_a_session_feeds_without_copying(source_dtype):
+  """from_hf hands SaveV2 64-byte-aligned arrays: a session copies a feed TensorFlow's allocator
+  would not have aligned (numpy's 16 bytes), which held a variable twice while it was saved."""
+  value = np.arange(6 * 10, dtype=np.float32).reshape(6, 10).astype(source_dtype)
+  for source in (value, value.T, value[1:]):
+    copy = mtf_checkpoints.aligned_copy(source, np.float32)
+    assert copy.ctypes.data % mtf_checkpoints.FEED_ALIGNMENT == 0 and copy.flags["C_CONTIGUOUS"]
+    assert copy.dtype == np.float32 and copy.shape == source.shape
+    np.testing.assert_array_equal(copy, source.astype(np.float32))
