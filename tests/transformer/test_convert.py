@@ -374,3 +374,15 @@ def test_from_hf_values_are_aligned_float32_copies_a_session_feeds_without_copyi
     assert copy.ctypes.data % mtf_checkpoints.FEED_ALIGNMENT == 0 and copy.flags["C_CONTIGUOUS"]
     assert copy.dtype == np.float32 and copy.shape == source.shape
     np.testing.assert_array_equal(copy, source.astype(np.float32))
+
+
+def test_a_safetensors_tensor_read_by_rows_is_the_whole_tensor_in_blocks(tmp_path):
+  """from_hf copies each tensor out of its file block by block, never holding it twice."""
+  from safetensors.numpy import save_file
+  value = np.arange(7 * 3 * 2, dtype=np.float32).reshape(7, 3, 2).astype(ml_dtypes.bfloat16)
+  path = str(tmp_path / "model.safetensors")
+  save_file({"w": value}, path)
+  blocks = list(safetensors_files.read_rows(path, "w", chunk_bytes=2 * 3 * 2 * 2))  # two rows a block
+  assert [(start, stop) for start, stop, _ in blocks] == [(0, 2), (2, 4), (4, 6), (6, 7)]
+  np.testing.assert_array_equal(np.concatenate([b for _, _, b in blocks]), value)
+  assert safetensors_files.shape(path, "w") == [7, 3, 2]

@@ -55,16 +55,22 @@ class Reader:
 FEED_ALIGNMENT = 64  # bytes: a session feeds a C-contiguous array aligned so without copying it
 
 
-def aligned_copy(value: np.ndarray, dtype) -> np.ndarray:
-  """value as a C-contiguous array of `dtype` at a FEED_ALIGNMENT-byte boundary, in one copy.
+def aligned_empty(shape, dtype) -> np.ndarray:
+  """An uninitialised C-contiguous array at a FEED_ALIGNMENT-byte boundary.
 
   numpy aligns its buffers to 16 bytes; a session copies any feed that TensorFlow's allocator
   would not have aligned, which would hold a variable twice while it is saved.
   """
   dtype = np.dtype(dtype)
-  raw = np.empty(value.size * dtype.itemsize + FEED_ALIGNMENT, np.uint8)
+  size = int(np.prod(shape)) * dtype.itemsize
+  raw = np.empty(size + FEED_ALIGNMENT, np.uint8)
   start = -raw.ctypes.data % FEED_ALIGNMENT
-  out = raw[start:start + value.size * dtype.itemsize].view(dtype).reshape(value.shape)
+  return raw[start:start + size].view(dtype).reshape(shape)
+
+
+def aligned_copy(value: np.ndarray, dtype) -> np.ndarray:
+  """value as an aligned_empty array of `dtype`, in one copy."""
+  out = aligned_empty(value.shape, dtype)
   np.copyto(out, value, casting="unsafe")
   return out
 

@@ -58,9 +58,20 @@ def from_hf(hf_dir: str, model_dir: str, overwrite: bool = False) -> dict:
   prefix = os.path.join(model_dir, "model.ckpt-0")
 
   def read(ours: str) -> np.ndarray:
+    """The variable as float32, copied block by block out of the file into an array SaveV2 is
+    fed without another copy: one copy of it in memory."""
     weight = sources[ours]
-    value = safetensors_files.read(files[weight.hf], weight.hf)
-    return mtf_checkpoints.aligned_copy(value.T if weight.transpose else value, np.float32)  # one copy
+    path = files[weight.hf]
+    shape = safetensors_files.shape(path, weight.hf)
+    if not shape:
+      return mtf_checkpoints.aligned_copy(safetensors_files.read(path, weight.hf), np.float32)
+    out = mtf_checkpoints.aligned_empty(shape[::-1] if weight.transpose else shape, np.float32)
+    for start, stop, rows in safetensors_files.read_rows(path, weight.hf):
+      if weight.transpose:
+        out[..., start:stop] = rows.T
+      else:
+        out[start:stop] = rows
+    return out
 
   mtf_checkpoints.write(prefix, sorted(sources), read)
   with open(os.path.join(model_dir, OPERATIVE_CONFIG), "w") as f:

@@ -95,3 +95,28 @@ def read(path: str, name: str) -> np.ndarray:
   """One tensor of a safetensors file (only that tensor is read into memory)."""
   with safe_open(path, framework="numpy") as f:
     return f.get_tensor(name)
+
+
+def shape(path: str, name: str) -> list:
+  """The shape of one tensor of a safetensors file, read from its header."""
+  with safe_open(path, framework="numpy") as f:
+    return list(f.get_slice(name).get_shape())
+
+
+def read_rows(path: str, name: str, chunk_bytes: int = 16 * 2 ** 20):
+  """One tensor of a safetensors file in blocks of its first axis: yields (start, stop, block),
+  each block about chunk_bytes, so a caller copying them out holds no whole second copy."""
+  with safe_open(path, framework="numpy") as f:
+    tensor = f.get_slice(name)
+    dims = tensor.get_shape()
+    if not dims:
+      raise ValueError(f"{path}: {name!r} is a scalar; read it whole (read), not by rows.")
+    row_bytes = max(1, int(np.prod(dims[1:])) * _ITEM_BYTES.get(tensor.get_dtype(), 8))
+    step = max(1, chunk_bytes // row_bytes)
+    for start in range(0, dims[0], step):
+      stop = min(start + step, dims[0])
+      yield start, stop, tensor[start:stop]
+
+
+_ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "BOOL": 1}  # safetensors' dtype names: bytes per element
