@@ -41,23 +41,40 @@ def _inputs(seed=1):
           rng.normal(size=[BATCH, D_MODEL]).astype(np.float32))
 
 
-def _pipelined(sched, schedule, initial, mesh_shape, layout, recompute=False):
-  """[output, loss, d loss / d w1, d loss / d w2] of the pipelined MLP on the mesh."""
+def _pipelined(sched, schedule, initial, mesh_shape, layout, recompute=False, given_microbatches=False):
+  """[output, loss, d loss / d w1, d loss / d w2] of the pipelined MLP on the mesh.
+
+  given_microbatches: x is [micro, batch / M, d_model], pipelined with microbatch_dim=micro (the
+  output is returned as [batch, d_model] all the same).
+  """
   x_value, target = _inputs()
+  micro = sched.num_microbatches
   layers_per_round = sched.layers_per_tick if schedule == "circular" else 1
 
   def build(mesh):
-    batch = mtf.Dimension("batch", BATCH)
-    x = mtf.import_tf_tensor(mesh, tf.constant(x_value), shape=f"batch:{BATCH};d_model:{D_MODEL}")
+    if given_microbatches:
+      x, batch, micro_dim = _given_microbatches_input(mesh, x_value, micro)
+      target_value = target.reshape(micro, -1, D_MODEL)
+    else:
+      batch, micro_dim, target_value = mtf.Dimension("batch", BATCH), None, target
+      x = mtf.import_tf_tensor(mesh, tf.constant(x_value), shape=f"batch:{BATCH};d_model:{D_MODEL}")
     y = mtf.pipeline(lambda h, get: _mlp_layer(h, get, initial), x, sched.num_layers,
-                 mtf.Dimension("stages", sched.num_stages), batch, sched.num_microbatches,
-                 schedule=schedule, layers_per_round=layers_per_round, recompute=recompute)
-    loss = mtf.reduce_sum(y * mtf.import_tf_tensor(mesh, tf.constant(target), shape=y.shape))
+                     mtf.Dimension("stages", sched.num_stages), batch, micro, schedule=schedule,
+                     layers_per_round=layers_per_round, recompute=recompute, microbatch_dim=micro_dim)
+    loss = mtf.reduce_sum(y * mtf.import_tf_tensor(mesh, tf.constant(target_value), shape=y.shape))
     variables = {v.name.split("/")[-1]: v.outputs[0] for v in mesh.graph.trainable_variables}
     grads = mtf.gradients([loss], [variables["w1"], variables["w2"]])
     return [y, loss] + grads
 
-  return lower_and_evaluate(build, mesh_shape, layout)
+  y, *rest = lower_and_evaluate(build, mesh_shape, layout)
+  return [y.reshape(BATCH, D_MODEL)] + rest
+
+
+def _given_microbatches_input(mesh, x_value, micro):
+  """(x as [micro, batch / M, d_model], its batch dimension, its microbatch dimension)."""
+  shape = f"micro:{micro};batch:{BATCH // micro};d_model:{D_MODEL}"
+  x = mtf.import_tf_tensor(mesh, tf.constant(x_value.reshape(micro, -1, D_MODEL)), shape=shape)
+  return x, x.shape.get_dim_by_name("batch"), x.shape.get_dim_by_name("micro")
 
 
 def _layer_by_layer(sched, initial):
@@ -97,28 +114,6 @@ def test_pipelined_mlp_loss_and_gradients_equal_the_layer_by_layer_model(
     assert_allclose(g, e, rtol=1e-5, atol=1e-5)
 
 
-def _pipelined_given_microbatches(sched, schedule, initial, mesh_shape, layout):
-  """As _pipelined, x given as [micro, batch / M, d_model] with microbatch_dim=micro."""
-  x_value, target = _inputs()
-  micro = sched.num_microbatches
-  shape = f"micro:{micro};batch:{BATCH // micro};d_model:{D_MODEL}"
-  layers_per_round = sched.layers_per_tick if schedule == "circular" else 1
-
-  def build(mesh):
-    x = mtf.import_tf_tensor(mesh, tf.constant(x_value.reshape(micro, -1, D_MODEL)), shape=shape)
-    y = mtf.pipeline(lambda h, get: _mlp_layer(h, get, initial), x, sched.num_layers,
-                     mtf.Dimension("stages", sched.num_stages), x.shape.get_dim_by_name("batch"), micro,
-                     schedule=schedule, layers_per_round=layers_per_round,
-                     microbatch_dim=x.shape.get_dim_by_name("micro"))
-    loss = mtf.reduce_sum(y * mtf.import_tf_tensor(mesh, tf.constant(target.reshape(micro, -1, D_MODEL)),
-                                                   shape=shape))
-    variables = {v.name.split("/")[-1]: v.outputs[0] for v in mesh.graph.trainable_variables}
-    return [y, loss] + mtf.gradients([loss], [variables["w1"], variables["w2"]])
-
-  y, *rest = lower_and_evaluate(build, mesh_shape, layout)
-  return [y.reshape(BATCH, D_MODEL)] + rest
-
-
 # the microbatches split over the stages' mesh dimension (or not), as a Transformer's outer_batch
 GIVEN_MICROBATCH_MESHES = [
     ("stage:8", "stages:stage;micro:stage", 8, 8, 8),
@@ -135,7 +130,7 @@ def test_microbatches_given_as_a_dimension_split_over_the_stages_give_the_layer_
     mesh_shape, layout, stages, layers, microbatches, schedule):
   sched = mtf.pipeline_schedule(layers * (2 if schedule == "circular" else 1), stages, microbatches, schedule)
   initial = _stacked_weights(sched)
-  got = _pipelined_given_microbatches(sched, schedule, initial, mesh_shape, layout)
+  got = _pipelined(sched, schedule, initial, mesh_shape, layout, given_microbatches=True)
   for g, e in zip(got, _layer_by_layer(sched, initial)):
     assert_allclose(g, e, rtol=1e-5, atol=1e-5)
 
@@ -306,12 +301,6 @@ def test_collective_backend_gives_the_layer_by_layer_model():
     return [y]
   got, = lower_and_evaluate(build, "stage:2;batch:2", "stages:stage;batch:batch", backend="collective")
   assert_allclose(got, _layer_by_layer(sched, initial)[0])
-
-
-def _given_microbatches_input(mesh, x_value, micro):
-  shape = f"micro:{micro};batch:{BATCH // micro};d_model:{D_MODEL}"
-  x = mtf.import_tf_tensor(mesh, tf.constant(x_value.reshape(micro, -1, D_MODEL)), shape=shape)
-  return x, x.shape.get_dim_by_name("batch"), x.shape.get_dim_by_name("micro")
 
 
 def test_emulated_simd_backend_runs_microbatches_given_over_the_stages():
