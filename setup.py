@@ -4,6 +4,9 @@ and '[docs]' for the API reference."""
 
 from setuptools import find_packages, setup
 
+# torch is pinned exactly: that CPU wheel is what CI installs; other specs pull a CUDA build.
+HF = ["torch==2.13.0", "transformers>=5.0,<6", "sentencepiece"]
+
 setup(
     name="mesh-tensorflow",
     version="0.2.0",
@@ -21,8 +24,13 @@ setup(
         # The tests also draw the explainer's and example's pictures.
         "test": ["pytest", "pytest-xdist", "hypothesis", "mock", "scipy", "ruff", "matplotlib"],
         # Tests of mesh_tensorflow.transformer.convert against Hugging Face's own T5 (they skip without).
-        # torch is pinned exactly: that CPU wheel is what CI installs; other specs pull a CUDA build.
-        "hf": ["torch==2.13.0", "transformers>=5.0,<6", "sentencepiece"],
+        "hf": HF,
+        # The test of T5's own MtfModel.finetune on a converted model_dir (it skips without): what
+        # t5 0.9.4 and seqio 0.0.20 import. They and tensorflow-text go in with --no-deps, which an extra
+        # cannot say (t5 would pull the original mesh-tensorflow, tensorflow-text a second TensorFlow):
+        # scripts/run_tests.sh --all installs them.
+        "t5": HF + ["clu", "flax", "jax", "pyglove", "tensorflow-datasets", "editdistance", "sacrebleu",
+                    "scikit-learn", "rouge-score", "pandas", "babel", "immutabledict", "nltk", "tensorboard"],
         # The Transformer example's loss-curve picture (it runs without, saying so).
         "examples": ["matplotlib"],
         # mtf.explain's tiling and communication pictures (it explains in text without).

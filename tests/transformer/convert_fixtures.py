@@ -1,4 +1,4 @@
-"""Tiny T5 variants for the converter tests: random checkpoints of ours, and our logits and decodes.
+"""Tiny T5 variants for the converter tests: random checkpoints of ours and of HF's, our logits and decodes.
 
 A checkpoint is written straight from the model's variable list (random values, no training), so
 making one costs no TF session; our side's numbers come from the model built by the package from
@@ -7,7 +7,9 @@ the model_dir's operative_config.gin, lowered on one device, the checkpoint rest
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 
 import gin
 import numpy as np
@@ -16,6 +18,12 @@ import tensorflow.compat.v1 as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer.convert import gin_model, mtf_checkpoints
 
+# torch makes its compile cache in the temp dir when imported; keep it in pytest's own folder, which the
+# suite's temp-dir check (tests/temp_dir_guard.py) leaves alone, as pytest keeps its tmp_path folders there.
+# Set on importing this module, so that the tests importing it before torch get it.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+    os.environ.get("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir()), f"pytest-of-{getpass.getuser()}",
+    "torchinductor"))
 VOCAB = 64
 # T5 v1.0 (ReLU, logits tied to the embedding, scaled by d_model**-0.5), at d_model 16, 2 + 2 layers.
 V1_0 = [
@@ -77,6 +85,21 @@ def write_checkpoint(model_dir: str, bindings, seed: int = 0, dtype=np.float32,
   prefix = os.path.join(model_dir, "model.ckpt-7")
   mtf_checkpoints.write(prefix, sorted(values), values.__getitem__, step=7)
   return prefix
+
+
+def hf_native_model(hf_dir, tie: bool, proj: str, **sizes) -> None:
+  """A randomly initialised Hugging Face T5 saved to hf_dir, made by transformers itself (the hf extra)."""
+  import torch
+  import transformers
+  options = dict(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2, dropout_rate=0.0,
+                 decoder_start_token_id=0)
+  config = transformers.T5Config(**{**options, **sizes}, feed_forward_proj=proj, tie_word_embeddings=tie)
+  torch.manual_seed(0)
+  model = transformers.T5ForConditionalGeneration(config)
+  with torch.no_grad():  # HF's init leaves norms at 1 and the bias tiny: make every weight matter
+    for parameter in model.parameters():
+      parameter.add_(0.3 * torch.randn_like(parameter))
+  model.save_pretrained(str(hf_dir))
 
 
 def batch(seed: int = 1, batch_size: int = 2, length: int = 6) -> dict:

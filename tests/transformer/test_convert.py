@@ -6,10 +6,8 @@ sentencepiece); without it these tests skip, saying how to install it.
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
-import tempfile
 
 import gin
 import ml_dtypes
@@ -23,11 +21,6 @@ from mesh_tensorflow.transformer._train.checkpoints import is_bookkeeping_or_opt
 from mesh_tensorflow.transformer._utils.gin_config import packaged_gin_dir
 from tests.transformer import convert_fixtures as fixtures
 
-# torch makes its compile cache in the temp dir when imported; keep it in pytest's own folder, which the
-# suite's temp-dir check (tests/temp_dir_guard.py) leaves alone, as pytest keeps its tmp_path folders there.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
-    os.environ.get("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir()), f"pytest-of-{getpass.getuser()}",
-    "torchinductor"))
 HF_MISSING = "needs the hf extra (pip install -e '.[hf]': torch, transformers, sentencepiece)"
 torch = pytest.importorskip("torch", reason=HF_MISSING)
 transformers = pytest.importorskip("transformers", reason=HF_MISSING)
@@ -105,26 +98,13 @@ def test_a_variant_hf_expresses_otherwise_comes_back_with_the_same_logits(tmp_pa
                              fixtures.ours(str(tmp_path / "ours"), ids)["logits"], atol=1e-6, rtol=0)
 
 
-def hf_native_model(hf_dir, tie: bool, proj: str, **sizes):
-  """A randomly initialised Hugging Face T5 saved to hf_dir, made by transformers itself."""
-  options = dict(vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2, dropout_rate=0.0,
-                 decoder_start_token_id=0)
-  config = transformers.T5Config(**{**options, **sizes}, feed_forward_proj=proj, tie_word_embeddings=tie)
-  torch.manual_seed(0)
-  model = transformers.T5ForConditionalGeneration(config)
-  with torch.no_grad():  # HF's init leaves norms at 1 and the bias tiny: make every weight matter
-    for parameter in model.parameters():
-      parameter.add_(0.3 * torch.randn_like(parameter))
-  model.save_pretrained(str(hf_dir))
-
-
 @pytest.mark.parametrize("tie, proj, sizes", [
     (True, "relu", {}),
     (False, "gated-gelu", {"num_decoder_layers": 1, "num_heads": 3, "d_kv": 4}),
     (False, "gated-relu", {"relative_attention_num_buckets": 16}),
 ], ids=["v1_0", "v1_1_uneven", "gated_relu_16_buckets"])
 def test_ours_equal_hf_after_from_hf(tmp_path, tie, proj, sizes):
-  hf_native_model(tmp_path / "hf", tie, proj, **sizes)
+  fixtures.hf_native_model(tmp_path / "hf", tie, proj, **sizes)
   summary = convert.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
   assert summary["spec"].tied_logits is tie
   ids = fixtures.batch()
@@ -251,7 +231,7 @@ def run_from(converted, mode: str, bindings=(), model_dir=None, **kwargs):
 
 
 def test_utils_run_scores_like_hf_and_fine_tunes_the_converted_model_dir(tmp_path):
-  hf_native_model(tmp_path / "hf", True, "relu", vocab_size=260)  # the bytes, EOS, PAD and UNK
+  fixtures.hf_native_model(tmp_path / "hf", True, "relu", vocab_size=260)  # the bytes, EOS, PAD and UNK
   (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "ByT5Tokenizer"}))
   convert.from_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
   scoring = ["utils.score_from_strings.inputs = ['abc']", "utils.score_from_strings.targets = ['cba']"]
