@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._ops import io
@@ -42,7 +44,9 @@ def gradients(ys, xs, grad_ys=None, operations=None) -> list:
               and set(op.inputs) & downstream):
         continue
       with tf.variable_scope(op.name + "/gradients"):
-        input_grads = op.gradient(grad_outputs)
+        input_grads, added = graph.capture_operations(functools.partial(op.gradient, grad_outputs))
+      graph.drop_unneeded(added, [grad for inp, grad in zip(op.inputs, input_grads)
+                                  if inp in downstream and grad is not None])
       for inp, grad in zip(op.inputs, input_grads):
         if inp in downstream and grad is not None:
           if inp in tensor_to_gradient:

@@ -90,6 +90,29 @@ class Graph:
     result = fn()
     return result, self._operations[n:]
 
+  def drop_unneeded(self, ops, needed) -> None:
+    """Removes from the graph those of `ops` that no tensor in `needed` depends on.
+
+    `ops` are the graph's newest operations (capture_operations'), read by no other op yet.
+
+    Only this package's pure ops go: an op without outputs (an assignment), a variable or a
+    random op (`is_not_cloned`), a summary or print (`has_side_effects`) and any op class
+    defined elsewhere stay, with what they read. mtf.gradients uses this for the gradients an
+    op's gradient function builds for inputs nobody differentiates (an einsum's gradient with
+    respect to imported activations): every op of the graph is lowered, so a dead one would run.
+    """
+    candidates = set(ops)
+    keep = set()
+    stack = [t.operation for t in needed] + [op for op in ops if not _is_pure(op)]
+    while stack:
+      op = stack.pop()
+      if op in candidates and op not in keep:
+        keep.add(op)
+        stack.extend(t.operation for t in op.inputs)
+    dropped = candidates - keep
+    if dropped:
+      self._operations[:] = [op for op in self._operations if op not in dropped]
+
   def clone_operations(self, ops, input_mapping: dict):
     """Copies `ops` reading inputs through `input_mapping`; returns (new_ops, extended mapping).
 
@@ -124,6 +147,12 @@ class Graph:
   def combine_assignments(self, assignments) -> list:
     """Replaces Assign ops with one Assign per distinct assign_fn; see _ops/stacking.py."""
     return _registered_rewrite("combine_assignments")(self, assignments)
+
+
+def _is_pure(op) -> bool:
+  """Whether dropping op, when nothing reads its outputs, changes nothing but the work done."""
+  return (bool(op.outputs) and type(op).__module__.startswith("mesh_tensorflow.")
+          and not getattr(op, "is_not_cloned", False) and not getattr(op, "has_side_effects", False))
 
 
 # Graph rewrites implemented by op families (which the core must not import), by method name.

@@ -98,6 +98,8 @@ class SoftDepend(Depend):
 class PrintOperation(Operation):
   """Identity that prints `data` (mtf Tensors) with `message` when its output is computed."""
 
+  has_side_effects = True  # Graph.drop_unneeded keeps it
+
   def __init__(self, x: Tensor, data: Sequence[Tensor], message: str, name: Optional[str] = None,
                **kwargs):
     super().__init__([x], name=name or "Print")
@@ -126,6 +128,8 @@ def Print(x: Tensor, data: Sequence[Tensor], message: str, **kwargs) -> Tensor:
 
 class ScalarSummaryOperation(Operation):
   """Identity of a scalar that records (op name, value) in the "mtf_scalar_summaries" collection."""
+
+  has_side_effects = True  # Graph.drop_unneeded keeps it
 
   def __init__(self, name: str, x: Tensor):
     super().__init__([x], x.mesh, name=name)

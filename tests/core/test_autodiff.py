@@ -109,6 +109,43 @@ def test_unreachable_xs_get_none():
   assert mtf.gradients([mtf.reduce_sum(ints)], [x, ints]) == [None, None]  # integers carry no gradient
 
 
+def test_gradients_nobody_asked_for_are_not_left_in_the_graph():
+  """An einsum's gradient builds one for each input; the one for an imported input is dropped,
+  since every op of the graph is lowered and would run (a whole matmul per step)."""
+  mesh = mtf.Mesh(mtf.Graph(), "m")
+  x = mtf.import_tf_tensor(mesh, tf.constant(X), "a:4;b:8")
+  w = mtf.import_tf_tensor(mesh, tf.constant(W), "b:8;c:2")
+  y = mtf.reduce_sum(mtf.einsum([x, w], output_shape="a:4;c:2"))
+  (dw,) = mtf.gradients([y], [w])
+  einsums = [op for op in mesh.graph.operations if isinstance(op, mtf.EinsumOperation)]
+  assert len(einsums) == 2 and einsums[-1].outputs[0] is dw  # the forward one and dw's
+  assert all(t.operation in mesh.graph.operations for op in mesh.graph.operations for t in op.inputs)
+
+
+def test_dropping_unneeded_gradients_keeps_the_values_of_the_needed_ones():
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(X), "a:4;b:8")
+    w = mtf.import_tf_tensor(mesh, tf.constant(W), "b:8;c:2")
+    return mtf.gradients([mtf.reduce_sum(mtf.square(mtf.einsum([x, w], output_shape="a:4;c:2")))], [w])
+  (dw,) = lower_and_evaluate(build, "rows:2;cols:4", "a:rows;b:cols")
+  assert_allclose(dw, X.T @ (2 * (X @ W)), rtol=1e-5)
+
+
+def test_graph_drop_unneeded_keeps_stateful_ops_and_what_they_read():
+  mesh = mtf.Mesh(mtf.Graph(), "m")
+  x = mtf.import_tf_tensor(mesh, tf.constant(X), "a:4;b:8")
+  def build():
+    kept = x * 4.0
+    mtf.assign(mtf.get_variable(mesh, "v", x.shape), kept)
+    return x * 2.0, x * 3.0, mtf.random_uniform(mesh, x.shape) * 5.0, kept
+  (needed, unneeded, noise, kept), added = mesh.graph.capture_operations(build)
+  mesh.graph.drop_unneeded(added, [needed])
+  operations = mesh.graph.operations
+  assert needed.operation in operations and kept.operation in operations
+  assert unneeded.operation not in operations and noise.operation not in operations
+  assert noise.operation.inputs[0].operation in operations  # the random draw itself stays
+
+
 def test_operations_argument_limits_the_ops_differentiated():
   def build(mesh):
     x = mtf.import_tf_tensor(mesh, tf.constant(X), "a:4;b:8")
