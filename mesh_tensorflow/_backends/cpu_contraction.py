@@ -1,21 +1,26 @@
-"""Two-operand einsums shaped for TF's CPU matmul kernel: many columns are computed in blocks.
+"""Two-operand einsums shaped for TF's CPU matmul kernels.
 
-TF's CPU MatMul (Eigen's contraction) is slow for a product with few rows and many columns:
-measured single-threaded on a 2-core AVX2 machine (`benchmarks/bench_contraction.py`,
-benchmarks/RESULTS.md), [128, 256] x [256, 1024] took 1.6x to 1.9x as long per flop as the same
-product with 1024 rows, and as four products of 256 columns concatenated it costs 30 to 38% less.
-Slices of data-parallel meshes are exactly such products: each device has a fraction of the rows.
+TF's CPU einsum kernel moves data where a matmul kernel would not: measured on the 2-core
+AVX-512 machine with oneDNN (benchmarks/RESULTS.md, 2026-12-07), a weight gradient
+"ab,ac->cb" of [64, 1024] and [64, 4096] took 8.5 to 10 ms as tf.einsum against 4.1 ms as one
+MatMul with transpose_a. Which kernel is fastest depends on the backend:
 
-`einsum(equation, x, y)` computes a contraction without batch dimensions (every dimension is a
-row of x, a column of y, or contracted) as a 2-D MatMul whose columns are split in blocks of
-`COLUMN_BLOCK` when it has at most `MAX_ROWS` rows and more than one block of columns (with x
-and y swapped if that makes the rows few: a weight gradient [d, bl] x [bl, f]); anything else is
-tf.einsum. The result is the same up to float rounding: each output element is one
-dot product either way.
+- **oneDNN** (TF's default on CPUs with AVX512_VNNI, AVX512_BF16 or AMX): a contraction that is
+  a matrix product of its operands as they lie in memory (each one a matrix or a transposed
+  matrix once its dimensions are grouped) runs as one MatMul; when the right-hand matrix is
+  transposed, as a BatchMatMulV2 with adj_y, because oneDNN's MatMul with transpose_b took 9.7
+  ms where BatchMatMulV2 took 3.5 ms.
+- **Eigen** (oneDNN off): a product with few rows and many columns is slow per flop:
+  measured single-threaded on a 2-core AVX2 machine (`benchmarks/bench_contraction.py`),
+  [128, 256] x [256, 1024] took 1.6x to 1.9x as long per flop as the same product with 1024
+  rows, and as four products of 256 columns concatenated it costs 30 to 38% less. Slices of
+  data-parallel meshes are exactly such products: each device has a fraction of the rows. Those
+  are computed as 2-D MatMuls whose columns are split in blocks of `COLUMN_BLOCK` when they have
+  at most `MAX_ROWS` rows and more than one block of columns (with x and y swapped if that makes
+  the rows few: a weight gradient [d, bl] x [bl, f]).
 
-Only Eigen's kernel gains: where TF runs its CPU matmuls through oneDNN (by default on CPUs with
-AVX512_VNNI, AVX512_BF16 or AMX), the same einsums took 3x less time and blocks saved nothing
-(data-parallel 8's slices) or cost 9% (one device), so `blocks_help()` is false there.
+Anything else is tf.einsum. The result is the same up to float rounding: each output element is
+one dot product either way.
 """
 
 from __future__ import annotations
@@ -44,15 +49,25 @@ def blocks_help() -> bool:
   return not util_port.IsMklEnabled()
 
 
-def einsum(equation: str, x, y):
-  """tf.einsum(equation, x, y), computed in column blocks where TF's CPU MatMul is slow."""
+def einsum(equation: str, x, y, column_blocks: Optional[bool] = None):
+  """tf.einsum(equation, x, y), computed by the matmul kernel that runs it fastest on CPUs.
+
+  column_blocks: Eigen's kernels (blocked products) or oneDNN's (one matmul); default
+  `blocks_help()`.
+  """
+  if column_blocks is None:
+    column_blocks = blocks_help()
   inputs, arrow, out = equation.partition("->")
   x_letters, comma, y_letters = inputs.partition(",")
   if arrow and comma and "," not in y_letters and "." not in equation:
     for plan, operands in ((_MatmulPlan.of(x_letters, y_letters, out, x.shape, y.shape), (x, y)),
                            (_MatmulPlan.of(y_letters, x_letters, out, y.shape, x.shape), (y, x))):
-      if plan is not None and plan.num_rows <= MAX_ROWS and plan.num_cols > COLUMN_BLOCK:
+      if plan is None:
+        continue
+      if column_blocks and plan.num_rows <= MAX_ROWS and plan.num_cols > COLUMN_BLOCK:
         return plan.blocked_matmul(*operands)
+      if not column_blocks and plan.is_one_matmul_in_place():
+        return plan.one_matmul(*operands)
   return tf.einsum(equation, x, y)
 
 
@@ -104,6 +119,22 @@ class _MatmulPlan:
                          for block in tf.split(rhs, widths, axis=0 if transpose_rhs else 1)], axis=1)
     product = tf.reshape(product, [self.sizes[c] for c in self.rows + self.cols])
     return _transposed(product, self.rows + self.cols, self.out_letters)
+
+  def is_one_matmul_in_place(self) -> bool:
+    """Whether both operands are matrices (or transposed ones) as they lie, with out's order."""
+    return (tuple(self.out_letters) == self.rows + self.cols
+            and tuple(self.x_letters) in (self.rows + self.inner, self.inner + self.rows)
+            and tuple(self.y_letters) in (self.inner + self.cols, self.cols + self.inner))
+
+  def one_matmul(self, x, y):
+    """The einsum as one matmul of x and y reshaped (not transposed) into matrices."""
+    lhs, transpose_lhs = self._as_matrix(x, self.x_letters, self.rows, self.inner)
+    rhs, transpose_rhs = self._as_matrix(y, self.y_letters, self.inner, self.cols)
+    if transpose_rhs:  # oneDNN's MatMul is slow with transpose_b; its BatchMatMulV2 is not
+      product = tf.raw_ops.BatchMatMulV2(x=lhs, y=rhs, adj_x=transpose_lhs, adj_y=True)
+    else:
+      product = tf.matmul(lhs, rhs, transpose_a=transpose_lhs)
+    return tf.reshape(product, [self.sizes[c] for c in self.out_letters])
 
   def _as_matrix(self, t, letters: str, first: tuple, second: tuple):
     """(t as a matrix [first, second], False) or, with no data moved, ([second, first], True)."""

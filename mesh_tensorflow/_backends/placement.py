@@ -99,7 +99,7 @@ class PlacementMeshImpl(MeshImpl):
   def _compute_on(self, devices: list, share_replicas: Optional[bool]) -> None:
     """The devices this process holds slices on, whether they share replicas, and their program."""
     self._devices = devices
-    self._blocked_contractions = all_cpus(devices) and cpu_contraction.blocks_help()
+    self._cpu_contractions = all_cpus(devices)
     if share_replicas is None:
       share_replicas = cpus_of_one_process(devices)
     self._variable_policy = dataclasses.replace(self._variable_policy, share_replicas=share_replicas)
@@ -293,8 +293,8 @@ class PlacementMeshImpl(MeshImpl):
     return self.LaidOutTensor([ret[p] for p in self.local_pnums])
 
   def einsum(self, equation: str, *slices):
-    """On CPUs with Eigen's matmul, few rows and many columns are computed in column blocks."""
-    if self._blocked_contractions and len(slices) == 2:
+    """On CPUs, a product runs on the matmul kernel that is fastest there (cpu_contraction)."""
+    if self._cpu_contractions and len(slices) == 2:
       return cpu_contraction.einsum(equation, *slices)
     return super().einsum(equation, *slices)
 

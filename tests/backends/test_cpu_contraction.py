@@ -1,4 +1,4 @@
-"""Contractions on CPU meshes: products with few rows and many columns run in column blocks."""
+"""Contractions on CPU meshes: one matmul kernel with oneDNN, column blocks with Eigen."""
 
 import os
 import subprocess
@@ -35,13 +35,14 @@ def test_blocked_product_matches_numpy_for_any_letter_order(case, mode):
   rng = np.random.RandomState(0)
   x = rng.uniform(-1, 1, x_shape).astype(np.float32)
   y = rng.uniform(-1, 1, y_shape).astype(np.float32)
-  [got] = run_tf(mode, lambda: [cpu_contraction.einsum(equation, tf.constant(x), tf.constant(y))])
+  [got] = run_tf(mode, lambda: [cpu_contraction.einsum(equation, tf.constant(x), tf.constant(y),
+                                                       column_blocks=True)])
   assert_allclose(got, np.einsum(equation, x, y), rtol=1e-4, atol=1e-4)
 
 
 def _op_types(equation, x_shape, y_shape) -> list:
   with tf.Graph().as_default() as graph:
-    cpu_contraction.einsum(equation, tf.zeros(x_shape), tf.zeros(y_shape))
+    cpu_contraction.einsum(equation, tf.zeros(x_shape), tf.zeros(y_shape), column_blocks=True)
   return [op.type for op in graph.get_operations()]
 
 
@@ -64,6 +65,43 @@ def test_few_rows_and_many_columns_are_matmuls_of_column_blocks(equation, x_shap
 def test_other_contractions_stay_one_einsum(equation, x_shape, y_shape):
   types = _op_types(equation, x_shape, y_shape)
   assert "Einsum" in types and "MatMul" not in types
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None)
+@given(matrix_products(), st.sampled_from(MODES))
+def test_onednn_product_matches_numpy_for_any_letter_order(case, mode):
+  equation, x_shape, y_shape = case
+  rng = np.random.RandomState(0)
+  x = rng.uniform(-1, 1, x_shape).astype(np.float32)
+  y = rng.uniform(-1, 1, y_shape).astype(np.float32)
+  [got] = run_tf(mode, lambda: [cpu_contraction.einsum(equation, tf.constant(x), tf.constant(y),
+                                                       column_blocks=False)])
+  assert_allclose(got, np.einsum(equation, x, y), rtol=1e-4, atol=1e-4)
+
+
+def _onednn_op_types(equation, x_shape, y_shape) -> list:
+  with tf.Graph().as_default() as graph:
+    cpu_contraction.einsum(equation, tf.zeros(x_shape), tf.zeros(y_shape), column_blocks=False)
+  return [op.type for op in graph.get_operations() if op.type not in ("Const", "Fill", "Reshape")]
+
+
+@pytest.mark.parametrize("equation,x_shape,y_shape,kernel", [
+    ("bld,df->blf", [2, 64, 32], [32, 600], "MatMul"),  # activations x weight
+    ("blf,bld->df", [2, 64, 600], [2, 64, 32], "MatMul"),  # a weight gradient: transpose_a
+    ("blf,df->bld", [2, 64, 600], [32, 600], "BatchMatMulV2"),  # an input gradient: adj_y
+])
+def test_onednn_products_in_place_are_one_matmul_kernel(equation, x_shape, y_shape, kernel):
+  assert _onednn_op_types(equation, x_shape, y_shape) == [kernel]
+
+
+@pytest.mark.parametrize("equation,x_shape,y_shape", [
+    ("bld,df->lbf", [2, 64, 32], [32, 600]),  # the output's rows reordered
+    ("lbd,df->blf", [64, 2, 32], [32, 600]),  # an operand's rows out of the output's order
+    ("bdl,df->blf", [2, 32, 64], [32, 600]),  # contracted letters amid the rows
+    ("bld,bdf->blf", [2, 4, 8], [2, 8, 512]),  # a batch dimension
+])
+def test_onednn_products_that_move_data_stay_one_einsum(equation, x_shape, y_shape):
+  assert _onednn_op_types(equation, x_shape, y_shape) == ["Einsum"]
 
 
 @pytest.fixture
@@ -101,10 +139,10 @@ def test_cpu_meshes_with_eigen_matmuls_lower_products_to_column_blocks(eigen_mat
   assert types.count("MatMul") == 8 * 3 and "Einsum" not in types
 
 
-def test_cpu_meshes_with_onednn_matmuls_keep_tf_einsum(monkeypatch):
+def test_cpu_meshes_with_onednn_matmuls_lower_a_product_to_one_matmul(monkeypatch):
   monkeypatch.setattr(cpu_contraction, "blocks_help", lambda: False)
   types = _lowered_matmul_op_types([f"/cpu:{i}" for i in range(8)])
-  assert types.count("Einsum") == 8 and "MatMul" not in types
+  assert types.count("MatMul") == 8 and "Einsum" not in types
 
 
 def test_gpu_meshes_keep_tf_einsum(eigen_matmuls):
