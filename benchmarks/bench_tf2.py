@@ -8,15 +8,17 @@ Two tables, every case timed interleaved (`--reps` repetitions of `--steps` call
    the same mesh in session mode.
 2. The eager 2-layer MLP (batch 64, 256 -> 1024 -> 256 by default; `--mlp 512,1024,4096` is
    issue #37's), forward and backward (loss and both weight gradients): plain TF eager
-   (GradientTape), plain TF in a tf.function, the floor (plain TF over 8 device-placed shards of
-   the batch with a hand-written gradient sum, eager and in a tf.function), mtf built and lowered
-   at every call (what eager callers of mtf.Lowering pay without the lowering cache), the
-   mtf.tf2 function's graph built at every call and served by the lowering cache
-   (mtf.lowering_cache: its program runs, nothing is lowered), and a mtf.tf2 function. Every case is
-   reported against plain TF eager on one device and against the floor in its own mode (eager
-   cases against the eager floor, functions against the tf.function floor).
-   Goals: mtf on one device within 2x of plain TF eager; mtf.tf2 function at data-parallel 8
-   within 1.1x of the floor; the lowering cache within 1.2x of the mtf.tf2 function (a third
+   (GradientTape), plain TF in a tf.function, and on each of two meshes of 8 virtual CPUs
+   (data-parallel 8, and 2x4: the batch over 2, the hidden units over 4) the floor (plain TF
+   written by hand over the 8 device-placed shards, backward and sums included, eager and in a
+   tf.function), mtf built and lowered at every call (what eager callers of mtf.Lowering pay
+   without the lowering cache), the mtf.tf2 function's graph built at every call and served by
+   the lowering cache (mtf.lowering_cache: its program runs, nothing is lowered), and a mtf.tf2
+   function. Every case is reported against plain TF eager on one device and against its mesh's
+   floor in its own mode (eager cases against the eager floor, functions against the
+   tf.function floor; one-device cases against data-parallel 8's).
+   Goals: mtf on one device within 2x of plain TF eager; the mtf.tf2 function within 1.1x of
+   the floor on both meshes; the lowering cache within 1.2x of the mtf.tf2 function (a third
    table gives the cache against the function and against lowering at every call).
 
     python benchmarks/bench_tf2.py [--reps 5] [--steps 10] [--layouts "one device,data-parallel 8"]
@@ -143,27 +145,61 @@ def plain_mlp_case(size: MlpSize, compiled: bool) -> Callable:
   return _compiled(step, compiled)
 
 
-def plain_data_parallel_mlp_case(size: MlpSize, compiled: bool) -> Callable:
-  """The floor: NUM_CPUS shards of the batch, one per device, and a hand-written gradient sum.
+@dataclasses.dataclass(frozen=True)
+class HandMesh:
+  """A hand-written floor's mesh: the batch split `rows` ways, the hidden units `cols` ways."""
 
-  Each shard's loss is its part of the whole batch's mean, so the sums (tf.add_n on cpu:0) are
-  the whole batch's loss and gradients, as every other case computes them.
+  name: str
+  rows: int
+  cols: int
+  mtf_shape: str  # the same mesh and layout in mtf
+  mtf_layout: str
+
+
+HAND_MESHES = (HandMesh("data-parallel 8", NUM_CPUS, 1, "all:8", "batch:all"),
+               HandMesh("2x4", 2, 4, "b:2;m:4", "batch:b;hidden:m"))
+
+
+def plain_mesh_mlp_case(size: MlpSize, mesh: HandMesh, compiled: bool) -> Callable:
+  """The floor: the MLP written by hand over rows x cols device-placed shards, backward included.
+
+  Device (i, j) (cpu:i*cols+j) holds batch shard i and hidden shard j of both weights (kept as
+  variables of their own, as mtf keeps its slices). Sums over j (the output) and over i (the
+  weight gradients) are tf.add_n, and each matmul uses the kernel that is fastest for its
+  operands here: MatMul, transpose_a for a weight gradient, BatchMatMulV2 with adj_y for the
+  hidden units' gradient (oneDNN's MatMul is slow with transpose_b). Each shard's loss is its
+  part of the whole batch's mean, so the sums are the whole batch's loss and gradients.
   """
   x, w1_value, w2_value = _mlp_data(size)
-  w1, w2 = tf2.Variable(w1_value), tf2.Variable(w2_value)
+  w1 = [tf2.Variable(v) for v in np.split(w1_value, mesh.cols, axis=1)]
+  w2 = [tf2.Variable(v) for v in np.split(w2_value, mesh.cols, axis=0)]
   scale = 1.0 / (size.batch * size.inp)
 
+  def device(i, j):
+    return tf.device(f"cpu:{i * mesh.cols + j}")
+
   def step():
-    losses, w1_grads, w2_grads = [], [], []
-    for i, shard in enumerate(tf.split(x, NUM_CPUS)):
-      with tf.device(f"cpu:{i}"), tf2.GradientTape() as tape:
-        loss = tf.reduce_sum(tf.square(tf.matmul(tf.nn.relu(tf.matmul(shard, w1)), w2))) * scale
-        w1_grad, w2_grad = tape.gradient(loss, [w1, w2])
-      losses.append(loss)
-      w1_grads.append(w1_grad)
-      w2_grads.append(w2_grad)
+    xs = tf.split(x, mesh.rows)
+    losses, w1_grads, w2_grads = [], [[] for _ in w1], [[] for _ in w2]
+    for i, x_i in enumerate(xs):
+      hidden = []
+      for j in range(mesh.cols):
+        with device(i, j):
+          pre = tf.matmul(x_i, w1[j])
+          hidden.append((pre, tf.nn.relu(pre)))
+      with device(i, 0):
+        out = tf.add_n([tf.matmul(h, w2[j]) for j, (_, h) in enumerate(hidden)])
+        losses.append(tf.reduce_sum(tf.square(out)) * scale)
+        d_out = out * (2 * scale)
+      for j, (pre, h) in enumerate(hidden):
+        with device(i, j):
+          d_h = tf.raw_ops.BatchMatMulV2(x=d_out, y=w2[j], adj_y=True)
+          w2_grads[j].append(tf.matmul(h, d_out, transpose_a=True))
+          w1_grads[j].append(tf.matmul(x_i, tf.raw_ops.ReluGrad(gradients=d_h, features=pre),
+                                       transpose_a=True))
     with tf.device("cpu:0"):
-      return [tf.add_n(losses), tf.add_n(w1_grads), tf.add_n(w2_grads)]
+      return [tf.add_n(losses), tf.concat([tf.add_n(g) for g in w1_grads], axis=1),
+              tf.concat([tf.add_n(g) for g in w2_grads], axis=0)]
   return _compiled(step, compiled)
 
 
@@ -234,26 +270,32 @@ def mtf_mlp_function(size: MlpSize, mesh_shape: str, layout: str) -> Callable:
   return lambda: [t.numpy() for t in step(x)]
 
 
-EAGER_FLOOR = "plain TF data-parallel 8 eager (floor)"
-FUNCTION_FLOOR = "plain TF data-parallel 8 tf.function (floor)"
+def floor_name(mesh: HandMesh, compiled: bool) -> str:
+  return f"plain TF {mesh.name} {'tf.function' if compiled else 'eager'} (floor)"
 
 
 def mlp_cases(size: MlpSize) -> dict:
-  """Case name -> (call, the name of the floor it is compared with: the one in its own mode)."""
-  return {"plain TF eager": (plain_mlp_case(size, False), EAGER_FLOOR),
-          "plain TF tf.function": (plain_mlp_case(size, True), FUNCTION_FLOOR),
-          EAGER_FLOOR: (plain_data_parallel_mlp_case(size, False), EAGER_FLOOR),
-          FUNCTION_FLOOR: (plain_data_parallel_mlp_case(size, True), FUNCTION_FLOOR),
-          "mtf one device, lowered per call": (mtf_mlp_lowered_per_call(size, "all:1", ""), EAGER_FLOOR),
-          "mtf data-parallel 8, lowered per call": (
-              mtf_mlp_lowered_per_call(size, "all:8", "batch:all"), EAGER_FLOOR),
-          "mtf one device, lowering cache": (
-              mtf_mlp_lowering_cache(size, "all:1", ""), EAGER_FLOOR),
-          "mtf data-parallel 8, lowering cache": (
-              mtf_mlp_lowering_cache(size, "all:8", "batch:all"), EAGER_FLOOR),
-          "mtf one device, mtf.tf2 function": (mtf_mlp_function(size, "all:1", ""), FUNCTION_FLOOR),
-          "mtf data-parallel 8, mtf.tf2 function": (
-              mtf_mlp_function(size, "all:8", "batch:all"), FUNCTION_FLOOR)}
+  """Case name -> (call, the name of the floor it is compared with: its mesh's, in its own mode)."""
+  dp8, two_by_four = HAND_MESHES
+  cases = {"plain TF eager": (plain_mlp_case(size, False), floor_name(dp8, False)),
+           "plain TF tf.function": (plain_mlp_case(size, True), floor_name(dp8, True)),
+           "mtf one device, lowered per call": (
+               mtf_mlp_lowered_per_call(size, "all:1", ""), floor_name(dp8, False)),
+           "mtf one device, lowering cache": (
+               mtf_mlp_lowering_cache(size, "all:1", ""), floor_name(dp8, False)),
+           "mtf one device, mtf.tf2 function": (
+               mtf_mlp_function(size, "all:1", ""), floor_name(dp8, True))}
+  for mesh in HAND_MESHES:
+    for compiled in (False, True):
+      cases[floor_name(mesh, compiled)] = (plain_mesh_mlp_case(size, mesh, compiled),
+                                           floor_name(mesh, compiled))
+    cases[f"mtf {mesh.name}, lowered per call"] = (
+        mtf_mlp_lowered_per_call(size, mesh.mtf_shape, mesh.mtf_layout), floor_name(mesh, False))
+    cases[f"mtf {mesh.name}, lowering cache"] = (
+        mtf_mlp_lowering_cache(size, mesh.mtf_shape, mesh.mtf_layout), floor_name(mesh, False))
+    cases[f"mtf {mesh.name}, mtf.tf2 function"] = (
+        mtf_mlp_function(size, mesh.mtf_shape, mesh.mtf_layout), floor_name(mesh, True))
+  return cases
 
 
 def _check_same(cases: dict) -> None:
@@ -301,7 +343,8 @@ def main(argv=None) -> None:
   seconds = time_interleaved({name: call for name, (call, _) in mlp.items()}, args.reps, args.steps)
   eager, eager_best = seconds["plain TF eager"]
   print(f"\nEager MLP, batch {size.batch}, {size.inp} -> {size.hidden} -> {size.inp}, forward + "
-        f"backward; the floor: plain TF over {NUM_CPUS} device-placed shards in the case's mode\n")
+        f"backward; the floor: plain TF by hand over the mesh's {NUM_CPUS} device-placed shards, "
+        f"in the case's mode\n")
   print("| case | ms (median) | ratio to plain TF eager | ratio to the floor | best ms | best ratio "
         "| best ratio to the floor |")
   print("|---|---|---|---|---|---|---|")
@@ -314,7 +357,7 @@ def main(argv=None) -> None:
   print("| mesh | cache ms (median) | / mtf.tf2 function | / lowered per call | best: / function "
         "| best: / lowered per call |")
   print("|---|---|---|---|---|---|")
-  for mesh in ("one device", "data-parallel 8"):
+  for mesh in ("one device",) + tuple(m.name for m in HAND_MESHES):
     (c, c_best), (f, f_best), (p, p_best) = (seconds[f"mtf {mesh}, {case}"] for case in (
         "lowering cache", "mtf.tf2 function", "lowered per call"))
     print(f"| {mesh} | {c * 1e3:.2f} | {c / f:.2f}x | {c / p:.2f}x | {c_best / f_best:.2f}x | "
