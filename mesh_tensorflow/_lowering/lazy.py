@@ -56,6 +56,11 @@ class LazyAllreduceSum:
   def slice_shape(self):
     return self.laid_out_input.slice_shape
 
+  @property
+  def is_reduced(self) -> bool:
+    """Whether the allreduce has been built (its sums are there to use at no further cost)."""
+    return self._reduced is not None
+
 
 def compatible_lazy_allreduce_sums(xs) -> bool:
   """True iff xs are all LazyAllreduceSums over the same mesh impl and mesh axes."""

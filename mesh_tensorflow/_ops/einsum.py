@@ -91,10 +91,12 @@ def _pending_sum_axes(inputs: Sequence[Tensor], laid_out: list, output_shape: Sh
   partial sums instead (no other input and not the output split over those axes), else [].
 
   Those other inputs are replicated over the pending axes (selectors, masks), and what follows
-  often adds more partial sums (a pipeline's ticks): one allreduce then serves them all.
+  often adds more partial sums (a pipeline's ticks): one allreduce then serves them all. A sum
+  another op already reduced (the forward value a gradient reads) is used as it is: its partial
+  sums would cost an einsum per processor and one more allreduce.
   """
   lazy = [(x, v) for x, v in zip(inputs, laid_out) if isinstance(v, LazyAllreduceSum)]
-  if len(lazy) != 1 or lazy[0][1].mesh_impl is not mesh_impl:
+  if len(lazy) != 1 or lazy[0][1].mesh_impl is not mesh_impl or lazy[0][1].is_reduced:
     return []
   axes = set(lazy[0][1].mesh_axes)
   others = [x.shape for x in inputs if x is not lazy[0][0]] + [output_shape]

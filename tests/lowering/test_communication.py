@@ -268,3 +268,18 @@ def test_dry_run_builds_nothing_in_the_callers_graph():
     num_ops = len(tf_graph.get_operations())
     mtf.dry_run(graph, mesh_shape, layout)
     assert len(tf_graph.get_operations()) == num_ops
+
+
+def test_a_gradient_reads_a_sum_already_reduced_for_the_forward_pass_without_another_allreduce():
+  """out = h . w sums over j (split): the loss reduces it, and the square's gradient, an einsum
+  linear in out, must read that reduced value, not redo the partial sums and allreduce again."""
+  def build(mesh):
+    h, w = _x(mesh, (B, J)), _x(mesh, (J, I))
+    out = mtf.einsum([h, w], output_shape=[B, I])
+    return mtf.gradients([mtf.reduce_sum(mtf.square(out))], [w])
+  events, lowering, tf_graph = placement_events(build, "x:2;y:4", "b:x;j:y")
+  with tf_graph.as_default():
+    lowering.export_to_tf_tensor(lowering.graph.operations[-1].outputs[0])
+  reduced = [(e.op_name, e.mesh_axes) for e in lowering.communication_events if e.kind == "allreduce"]
+  # out over y, w's gradient over x (the loss itself is not asked for: its sum stays pending).
+  assert reduced == [("einsum", (1,)), ("einsum/gradients/einsum_1", (0,))], reduced
