@@ -16,14 +16,18 @@ with the same instructions whatever the slice's size, where TF's own erfinv kern
 vectorised path for most elements and a scalar one for the rest (1 ulp apart, so a normal value
 would depend on the layout). Inside a tf.compat.v1 while_loop, where an XLA call does not run,
 the same function is built from plain TF ops: uniform and integer values are the same bits,
-normal values may differ in the last bit. The affine map of uniforms and normals (minval/maxval,
+normal values may differ in the last bit. In eager mode a uniform (or integer) configuration's
+first draws also run plain TF ops, until it has been drawn often enough to pay for compiling
+(see `_compiles`). The affine map of uniforms and normals (minval/maxval,
 mean/stddev) is a plain TF multiply and add, exact per element.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
+import math
 from typing import Optional, Sequence
 
 import tensorflow as tf2
@@ -232,6 +236,7 @@ def _standard(kind: str, dtype, geometry: SliceGeometry, pnum, key, int_range):
 
 
 _compiled = {}  # (kind, dtype, geometry) -> an XLA-compiled _standard
+_eager_draws = collections.Counter()  # eager: draws per uniform configuration not compiled yet
 
 
 def _standard_compiled(kind, dtype, geometry, pnum, key, int_range):
@@ -269,7 +274,7 @@ def draw(kind: str, geometry: SliceGeometry, pnum, key, dtype=tf.float32, **kwar
       raise ValueError(f"An integer uniform draw ({dtype.name}) needs an explicit maxval.")
     int_range = tf.stack([tf.cast(v, tf.int64) for v in _uniform_bounds(kwargs)])
   args = (kind, dtype, geometry, tf.convert_to_tensor(pnum), key, int_range)
-  standard = _standard_compiled(*args) if _may_compile() else _standard(*args)
+  standard = _standard_compiled(*args) if _compiles(kind, dtype, geometry) else _standard(*args)
   if dtype.is_integer:
     return standard
   if kind == "uniform":
@@ -291,6 +296,38 @@ def _affine(x, offset, scale, dtype):
   if not (isinstance(offset, (int, float)) and offset == 0):
     x = x + tf.cast(offset, dtype)
   return x
+
+
+def _compiles(kind: str, dtype, geometry: SliceGeometry) -> bool:
+  """Whether this draw runs the XLA function (compiled at its configuration's first use).
+
+  In eager mode a uniform (or integer) configuration is drawn with TF's own ops until it has
+  been drawn `_eager_draws_before_compiling` times: its values are the same bits either way, and
+  compiling (about 50 ms) pays only for a configuration drawn often, as a training loop does; an
+  eager client that builds a new graph of new shapes at every call (GPT-Neo's tests) draws each a
+  few times. Normal values always come from the XLA function, whose erfinv does not depend on
+  the slice size.
+  """
+  if not _may_compile():
+    return False
+  if kind != "uniform" or not tf.executing_eagerly():
+    return True
+  cache_key = (kind, dtype, geometry.static_key)
+  if cache_key in _compiled:
+    return True
+  _eager_draws[cache_key] += 1
+  return _eager_draws[cache_key] >= _eager_draws_before_compiling(geometry)
+
+
+def _eager_draws_before_compiling(geometry: SliceGeometry) -> int:
+  """The eager draw of a uniform configuration that compiles it: once it has drawn 2^18 elements,
+  counting a slice as at least 2^14 (the 16th draw of a small slice, the 2nd of 2^17 elements).
+
+  TF's ops take about 0.2 ms more than the XLA function per small slice and 25 ms more per 2^20
+  elements, so the draws before compiling cost a few ms, against the compile's 50.
+  """
+  elements = max(math.prod(geometry.slice_shape), 2 ** 14)
+  return max(2, -(-2 ** 18 // elements))
 
 
 def _may_compile() -> bool:

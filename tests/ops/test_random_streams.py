@@ -183,6 +183,30 @@ def test_normal_values_do_not_depend_on_the_slice_size():
       assert_all_equal(lower_and_evaluate(build, mesh_shape, "a:all", mode, seed=3), expected)
 
 
+def test_eager_uniform_draws_use_tf_ops_until_drawn_often_and_equal_the_compiled_draws(monkeypatch):
+  """Compiling a configuration's XLA draw costs about 50 ms: an eager client drawing new shapes
+  once (GPT-Neo's tests) must not pay it, and the values may not depend on which path ran."""
+  from mesh_tensorflow._lowering import random_bits
+  monkeypatch.setattr(random_bits, "_compiled", {})
+  monkeypatch.setattr(random_bits, "_eager_draws", random_bits.collections.Counter())
+  geometry = random_bits.SliceGeometry((3, 7), (3, 7), (None, None))
+  assert random_bits._eager_draws_before_compiling(geometry) == 16  # small: 16 draws of TF's ops
+  assert random_bits._eager_draws_before_compiling(
+      random_bits.SliceGeometry((512, 256), (512, 256), (None, None))) == 2
+  key = random_bits.stream_key(11, [0])
+  for dtype, kwargs in [(tf.float32, {"minval": -2.0, "maxval": 3.0}),
+                        (tf.int32, {"minval": -5, "maxval": 7}), (tf.bfloat16, {})]:
+    config = ("uniform", dtype, geometry.static_key)
+    by_tf_ops = [random_bits.draw("uniform", geometry, 0, key, dtype, **kwargs) for _ in range(15)]
+    assert config not in random_bits._compiled
+    compiled = random_bits.draw("uniform", geometry, 0, key, dtype, **kwargs)
+    assert config in random_bits._compiled
+    for value in by_tf_ops:
+      np.testing.assert_array_equal(value.numpy(), compiled.numpy())
+  random_bits.draw("normal", geometry, 0, key, tf.float32)  # normals: the XLA function at once
+  assert ("normal", tf.float32, geometry.static_key) in random_bits._compiled
+
+
 @pytest.mark.slow
 def test_other_backends_draw_the_placement_backends_values():
   backends = ["placement", "collective", "collective_tf_ops", "placement_unshared"]
