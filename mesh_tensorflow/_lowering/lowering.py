@@ -9,6 +9,7 @@ import weakref
 import tensorflow.compat.v1 as tf
 
 from mesh_tensorflow._lowering import cache as lowering_cache
+from mesh_tensorflow._lowering import collector
 from mesh_tensorflow._lowering import comm as comm_lib
 from mesh_tensorflow._lowering import random_bits, random_stream
 from mesh_tensorflow._lowering.layout_check import check_mesh_impls
@@ -67,16 +68,24 @@ class Lowering:
       self._counters, self._events = list(served.counters), list(served.events)
       self._copies = None  # eager: the copies run when they are asked for
       return
-    self._unlowered_consumers = collections.Counter(x for op in graph.operations for x in op.inputs)
-    self._sinks = {t for op in graph.operations for t in op.outputs
-                   if not self._unlowered_consumers[t]}
-    self._tensors_of = weakref.WeakKeyDictionary()  # laid-out value -> the mtf tensors it lowers
+    # What _may_be_read answers from, for the backends that fuse: only in graph mode (an eager
+    # op runs at once), so an eager lowering neither builds nor keeps it up.
+    self._tensors_of = None  # laid-out value -> the mtf tensors it lowers
+    if self._tf_graph is not None:
+      self._unlowered_consumers = collections.Counter(
+          x for op in graph.operations for x in op.inputs)
+      self._sinks = {t for op in graph.operations for t in op.outputs
+                     if not self._unlowered_consumers[t]}
+      self._tensors_of = weakref.WeakKeyDictionary()
     with contextlib.ExitStack() as fusing:
+      if self._tf_graph is None:  # eager: its values are freed as the ops run (see collector.py)
+        fusing.enter_context(collector.paused())
       for mesh_impl in {id(m): m for m in mesh_to_impl.values()}.values():
         fusing.enter_context(mesh_impl.fusing(self._may_be_read))
       for op in graph.operations:
         self.lower_operation(op)
-        self._unlowered_consumers.subtract(op.inputs)
+        if self._tensors_of is not None:
+          self._unlowered_consumers.subtract(op.inputs)
         for out in op.outputs:
           self.add_counter("output/%s" % type(op).__name__, self.laid_out_size(out))
           self.add_counter("output_unique/%s" % type(op).__name__, out.size)
@@ -234,6 +243,8 @@ class Lowering:
   def set_tensor_lowering(self, tensor, laid_out_tensor) -> None:
     self.verify_slice_shapes(tensor, laid_out_tensor)
     self.tensors[tensor] = laid_out_tensor
+    if self._tensors_of is None:
+      return
     try:
       self._tensors_of.setdefault(laid_out_tensor, []).append(tensor)
     except TypeError:  # a value that cannot be weakly referenced is never left pending
@@ -244,7 +255,7 @@ class Lowering:
 
     Values that lower no mtf tensor (an op's temporaries, a lazy allreduce's partial sums) may.
     """
-    tensors = self._tensors_of.get(laid_out)
+    tensors = None if self._tensors_of is None else self._tensors_of.get(laid_out)
     if not tensors:
       return True
     return any(self._unlowered_consumers[t] > 0 or t in self._sinks for t in tensors)

@@ -6,6 +6,8 @@ into a program the second time, and served by that program from then on; any dif
 the structure lowers again, and every value equals the uncached one.
 """
 
+import gc
+
 import numpy as np
 import pytest
 import tensorflow as tf2
@@ -92,6 +94,43 @@ def test_a_near_miss_is_lowered_again_and_gets_its_own_values(lowered, near_miss
     value = NEAR_MISSES[near_miss]()
   np.testing.assert_allclose(value, NEAR_MISS_VALUES.get(near_miss, expected()), rtol=1e-5)
   assert (len(lowered), cache.hits) == (3, 1)
+
+
+def test_a_structure_without_a_program_keeps_only_its_keys_hash_and_is_still_traced_when_built_again(
+    lowered):
+  """A key holds tuples per op attribute; kept for every graph seen once, they would bring on the
+  collector's full passes over TF's objects (0.4 s in GPT-Neo's test_sampling)."""
+  with mtf.lowering_cache() as cache:
+    forward()
+    assert [key.parts for key in cache._entries] == [None]
+    forward()  # traced: its entry keeps the whole key, which later graphs must equal
+    assert all(key.parts is not None for key in cache._entries)
+    np.testing.assert_allclose(forward(), expected(), rtol=1e-5)
+    assert (len(lowered), cache.hits) == (2, 1)
+    np.testing.assert_allclose(forward(scale=SCALE[::-1].copy()), expected(scale=SCALE[::-1]),
+                               rtol=1e-5)  # another constant: another structure, lowered
+    assert (len(lowered), cache.hits) == (3, 1)
+
+
+def test_the_key_is_computed_with_the_garbage_collector_paused_and_its_state_restored(monkeypatch):
+  from mesh_tensorflow._lowering import cache as cache_module
+  enabled_in_walk = []
+  walk_init = cache_module._Walk.__init__
+
+  def recording(self, graph, mesh_to_impl):
+    enabled_in_walk.append(gc.isenabled())
+    walk_init(self, graph, mesh_to_impl)
+  monkeypatch.setattr(cache_module._Walk, "__init__", recording)
+  with mtf.lowering_cache():
+    forward()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+      forward()
+      assert not gc.isenabled()  # the caller's choice is kept
+    finally:
+      gc.enable()
+  assert enabled_in_walk == [False, False]
 
 
 def _variable_step(variable, mesh_impl):
