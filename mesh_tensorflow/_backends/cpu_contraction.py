@@ -9,7 +9,8 @@ MatMul with transpose_a. Which kernel is fastest depends on the backend:
   a matrix product of its operands as they lie in memory (each one a matrix or a transposed
   matrix once its dimensions are grouped) runs as one MatMul; when the right-hand matrix is
   transposed, as a BatchMatMulV2 with adj_y, because oneDNN's MatMul with transpose_b took 9.7
-  ms where BatchMatMulV2 took 3.5 ms.
+  ms where BatchMatMulV2 took 3.5 ms; products of fewer than `MIN_ONEDNN_MATMUL` multiply-adds
+  stay tf.einsum.
 - **Eigen** (oneDNN off): a product with few rows and many columns is slow per flop:
   measured single-threaded on a 2-core AVX2 machine (`benchmarks/bench_contraction.py`),
   [128, 256] x [256, 1024] took 1.6x to 1.9x as long per flop as the same product with 1024
@@ -37,6 +38,10 @@ from mesh_tensorflow._lowering.tf_helpers import transpose_unless_identity
 
 MAX_ROWS = 256  # products with more rows run well as one kernel
 COLUMN_BLOCK = 256  # columns per MatMul of a blocked product
+# oneDNN: smaller products stay tf.einsum. Eager, one einsum of up to 2^20 multiply-adds took
+# 0.02 to 0.13 ms against 0.12 to 0.3 ms for the reshapes and MatMul, and a process's first
+# oneDNN MatMul takes 40 ms to start, which small models (GPT-Neo's tests) never need to pay.
+MIN_ONEDNN_MATMUL = 2 ** 20
 
 
 @functools.cache
@@ -66,7 +71,7 @@ def einsum(equation: str, x, y, column_blocks: Optional[bool] = None):
         continue
       if column_blocks and plan.num_rows <= MAX_ROWS and plan.num_cols > COLUMN_BLOCK:
         return plan.blocked_matmul(*operands)
-      if not column_blocks and plan.is_one_matmul_in_place():
+      if not column_blocks and plan.is_one_matmul_in_place() and plan.size >= MIN_ONEDNN_MATMUL:
         return plan.one_matmul(*operands)
   return tf.einsum(equation, x, y)
 
@@ -108,6 +113,11 @@ class _MatmulPlan:
   @property
   def num_cols(self) -> int:
     return self._size(self.cols)
+
+  @property
+  def size(self) -> int:
+    """Multiply-adds: rows x inner x columns."""
+    return self._size(self.rows + self.inner + self.cols)
 
   def blocked_matmul(self, x, y):
     """The einsum as MatMuls of lhs with blocks of COLUMN_BLOCK columns of rhs, concatenated."""

@@ -104,6 +104,18 @@ def test_onednn_products_that_move_data_stay_one_einsum(equation, x_shape, y_sha
   assert _onednn_op_types(equation, x_shape, y_shape) == ["Einsum"]
 
 
+@pytest.mark.parametrize("equation,x_shape,y_shape,kernel", [
+    ("bld,df->blf", [1, 4, 2], [2, 256], "Einsum"),  # GPT-Neo's test model: 2,048 multiply-adds
+    ("ab,bc->ac", [64, 64], [64, 255], "Einsum"),  # one column short of 2^20
+    ("ab,bc->ac", [64, 64], [64, 256], "MatMul"),  # 2^20
+])
+def test_onednn_products_under_a_million_multiply_adds_stay_one_einsum(
+    equation, x_shape, y_shape, kernel):
+  """Eager, tf.einsum runs them faster than the reshapes and MatMul, and needs no oneDNN MatMul
+  (whose first call in a process takes 40 ms)."""
+  assert _onednn_op_types(equation, x_shape, y_shape) == [kernel]
+
+
 @pytest.fixture
 def eigen_matmuls(monkeypatch):
   """Lower as on a CPU whose TF matmuls are Eigen's, where column blocks help."""
@@ -121,12 +133,12 @@ def test_data_parallel_matmul_in_column_blocks_matches_tf_with_gradients(
                        mesh_shape, layout, mode, rtol=1e-4, atol=1e-4)
 
 
-def _lowered_matmul_op_types(devices: list) -> list:
-  """The TF op types of a data-parallel [16, 8] x [8, 600] matmul lowered onto `devices`."""
+def _lowered_matmul_op_types(devices: list, d: int = 8) -> list:
+  """The TF op types of a data-parallel [16, d] x [d, 600] matmul lowered onto `devices`."""
   with tf.Graph().as_default() as graph:
     mesh = mtf.Mesh(mtf.Graph(), "mesh")
-    x = mtf.import_tf_tensor(mesh, tf.zeros([16, 8]), shape="batch:16;d:8")
-    w = mtf.import_tf_tensor(mesh, tf.zeros([8, 600]), shape="d:8;f:600")
+    x = mtf.import_tf_tensor(mesh, tf.zeros([16, d]), shape=f"batch:16;d:{d}")
+    w = mtf.import_tf_tensor(mesh, tf.zeros([d, 600]), shape=f"d:{d};f:600")
     y = mtf.matmul(x, w)
     impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:8", "batch:all", devices,
                                                      fuse_slicewise=False)
@@ -141,7 +153,7 @@ def test_cpu_meshes_with_eigen_matmuls_lower_products_to_column_blocks(eigen_mat
 
 def test_cpu_meshes_with_onednn_matmuls_lower_a_product_to_one_matmul(monkeypatch):
   monkeypatch.setattr(cpu_contraction, "blocks_help", lambda: False)
-  types = _lowered_matmul_op_types([f"/cpu:{i}" for i in range(8)])
+  types = _lowered_matmul_op_types([f"/cpu:{i}" for i in range(8)], d=1024)  # 2 x 1024 x 600 each
   assert types.count("MatMul") == 8 and "Einsum" not in types
 
 
