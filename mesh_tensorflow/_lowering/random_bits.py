@@ -16,9 +16,10 @@ with the same instructions whatever the slice's size, where TF's own erfinv kern
 vectorised path for most elements and a scalar one for the rest (1 ulp apart, so a normal value
 would depend on the layout). Inside a tf.compat.v1 while_loop, where an XLA call does not run,
 the same function is built from plain TF ops: uniform and integer values are the same bits,
-normal values may differ in the last bit. In eager mode a uniform (or integer) configuration's
-first draws also run plain TF ops, until it has been drawn often enough to pay for compiling
-(see `_compiles`). The affine map of uniforms and normals (minval/maxval,
+normal values may differ in the last bit. In eager mode NumPy computes the stream keys, and the
+uniform (and integer) values of a slice not worth compiling (up to 2^16 elements, or a larger one
+until it is drawn again; see `_compiles`): the same bits again, without TF's uint64 kernels, whose
+first use in a process takes about 30 ms. The affine map of uniforms and normals (minval/maxval,
 mean/stddev) is a plain TF multiply and add, exact per element.
 """
 
@@ -30,6 +31,7 @@ import hashlib
 import math
 from typing import Optional, Sequence
 
+import numpy as np
 import tensorflow as tf2
 import tensorflow.compat.v1 as tf
 
@@ -56,6 +58,13 @@ def _xor_shift(z, bits: int):
   return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(bits, _U64)))
 
 
+def _mix64_numpy(z: np.ndarray) -> np.ndarray:
+  """mix64 on a uint64 array (its products wrap, as TF's do)."""
+  z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
+  z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+  return z ^ (z >> np.uint64(31))
+
+
 def op_key(graph_seed: Optional[int], op_name: str, fallback: int) -> int:
   """A 64-bit key per random op: from the graph seed and the op's key name, else `fallback`.
 
@@ -71,7 +80,15 @@ def stream_key(key: int, counters: Sequence) -> tf.Tensor:
   """A uint64 scalar: `key` advanced by each counter in turn (evaluation number, loop iterations).
 
   Distinct counter values give distinct keys: each step is a bijection of the previous key.
+  Eagerly NumPy computes it (the same bits, none of TF's uint64 kernels to start).
   """
+  if tf.executing_eagerly():
+    ret = np.array(key, np.uint64)
+    with np.errstate(over="ignore"):
+      for counter in counters:
+        step = np.array(int(counter), np.int64).astype(np.uint64) + np.uint64(1)
+        ret = _mix64_numpy(ret + step * np.uint64(GOLDEN_GAMMA))
+    return tf.constant(ret, _U64)
   ret = tf.constant(key, _U64)
   for counter in counters:
     step = tf.cast(tf.cast(counter, tf.int64), _U64) + tf.constant(1, _U64)
@@ -235,6 +252,36 @@ def _standard(kind: str, dtype, geometry: SliceGeometry, pnum, key, int_range):
   return (2.0 ** 0.5) * tf.math.erfinv(v * erf_bound)
 
 
+def _uniform_numpy(dtype, geometry: SliceGeometry, pnum, key, bounds) -> np.ndarray:
+  """_standard's uniform values of a SliceGeometry computed by NumPy (eager): the same bits.
+
+  bounds: (minval, maxval) of an integer draw, else None.
+  """
+  pnum, rank = int(pnum), len(geometry.full_shape)
+  with np.errstate(over="ignore"):
+    index, stride = np.zeros([1] * rank, np.uint64), 1
+    for d in reversed(range(rank)):
+      positions = np.arange(geometry.slice_shape[d], dtype=np.int64)
+      if geometry.split_axes[d] is not None:
+        divisor, size = geometry.split_axes[d]
+        positions += (pnum // divisor) % size * geometry.slice_shape[d]
+      shape = [1] * rank
+      shape[d] = geometry.slice_shape[d]
+      index = index + (positions.astype(np.uint64) * np.uint64(stride)).reshape(shape)
+      stride *= geometry.full_shape[d]
+    gamma = np.uint64(GOLDEN_GAMMA)
+    bits = _mix64_numpy(np.uint64(key.numpy()) + (index + np.uint64(1)) * gamma)
+    if dtype.is_integer:
+      minval, maxval = (int(v) for v in bounds)
+      span = np.uint64((maxval - minval) % 2 ** 64)
+      values = np.int64(minval) + (bits % span).view(np.int64)
+      return values.astype(dtype.as_numpy_dtype)
+  compute_dtype = np.float64 if dtype == tf.float64 else np.float32
+  b = _SIGNIFICAND_BITS[dtype]
+  k = (bits >> np.uint64(64 - b)).view(np.int64)
+  return k.astype(compute_dtype) * compute_dtype(2.0 ** -b)
+
+
 _compiled = {}  # (kind, dtype, geometry) -> an XLA-compiled _standard
 _eager_draws = collections.Counter()  # eager: draws per uniform configuration not compiled yet
 
@@ -268,13 +315,20 @@ def draw(kind: str, geometry: SliceGeometry, pnum, key, dtype=tf.float32, **kwar
     raise ValueError(f"Unknown random kind {kind!r}; expected one of {KINDS}.")
   if kind != "uniform" and not dtype.is_floating:
     raise ValueError(f"A {kind} draw must be floating, got {dtype.name}.")
-  int_range = tf.zeros([2], tf.int64)
+  bounds = None
   if dtype.is_integer:
     if kwargs.get("maxval") is None:
       raise ValueError(f"An integer uniform draw ({dtype.name}) needs an explicit maxval.")
-    int_range = tf.stack([tf.cast(v, tf.int64) for v in _uniform_bounds(kwargs)])
-  args = (kind, dtype, geometry, tf.convert_to_tensor(pnum), key, int_range)
-  standard = _standard_compiled(*args) if _compiles(kind, dtype, geometry) else _standard(*args)
+    bounds = _uniform_bounds(kwargs)
+  compiled = _compiles(kind, dtype, geometry)
+  if (not compiled and kind == "uniform" and tf.executing_eagerly()
+      and type(geometry) is SliceGeometry):
+    standard = tf.constant(_uniform_numpy(dtype, geometry, pnum, key, bounds))
+  else:
+    int_range = (tf.zeros([2], tf.int64) if bounds is None
+                 else tf.stack([tf.cast(v, tf.int64) for v in bounds]))
+    args = (kind, dtype, geometry, tf.convert_to_tensor(pnum), key, int_range)
+    standard = _standard_compiled(*args) if compiled else _standard(*args)
   if dtype.is_integer:
     return standard
   if kind == "uniform":
@@ -301,12 +355,12 @@ def _affine(x, offset, scale, dtype):
 def _compiles(kind: str, dtype, geometry: SliceGeometry) -> bool:
   """Whether this draw runs the XLA function (compiled at its configuration's first use).
 
-  In eager mode a uniform (or integer) configuration is drawn with TF's own ops until it has
-  been drawn `_eager_draws_before_compiling` times: its values are the same bits either way, and
-  compiling (about 50 ms) pays only for a configuration drawn often, as a training loop does; an
-  eager client that builds a new graph of new shapes at every call (GPT-Neo's tests) draws each a
-  few times. Normal values always come from the XLA function, whose erfinv does not depend on
-  the slice size.
+  Eagerly, a uniform (or integer) configuration is drawn by NumPy (`_uniform_numpy`; TF's own ops
+  for a pipeline's stagewise slices) until it has been drawn `_eager_draws_before_compiling`
+  times: its values are the same bits either way, and compiling (about 50 ms) pays only for a
+  large slice drawn often, as a training loop does; an eager client that builds a new graph of
+  new shapes at every call (GPT-Neo's tests) draws each a few times. Normal values always come
+  from the XLA function, whose erfinv does not depend on the slice size.
   """
   if not _may_compile():
     return False
@@ -315,18 +369,29 @@ def _compiles(kind: str, dtype, geometry: SliceGeometry) -> bool:
   cache_key = (kind, dtype, geometry.static_key)
   if cache_key in _compiled:
     return True
+  limit = _eager_draws_before_compiling(geometry)
+  if limit is None:
+    return False
   _eager_draws[cache_key] += 1
-  return _eager_draws[cache_key] >= _eager_draws_before_compiling(geometry)
+  return _eager_draws[cache_key] >= limit
 
 
-def _eager_draws_before_compiling(geometry: SliceGeometry) -> int:
-  """The eager draw of a uniform configuration that compiles it: once it has drawn 2^18 elements,
-  counting a slice as at least 2^14 (the 16th draw of a small slice, the 2nd of 2^17 elements).
+def _eager_draws_before_compiling(geometry: SliceGeometry) -> Optional[int]:
+  """The eager draw of a uniform configuration that compiles it (None: never).
 
-  TF's ops take about 0.2 ms more than the XLA function per small slice and 25 ms more per 2^20
-  elements, so the draws before compiling cost a few ms, against the compile's 50.
+  NumPy draws a slice of up to 2^16 elements in at most 0.25 ms, no slower than the XLA call
+  (0.15 to 0.2 ms): those are never compiled. A larger one (4.4 ms by NumPy for 2^18 elements
+  against 1 to 2 ms) compiles once it has drawn 2^18 elements (the 2nd draw from 2^17 elements).
+  TF's own ops, which draw stagewise slices, take about 0.2 ms more than the XLA function per
+  small slice: those compile once 2^18 elements are drawn counting a slice as at least 2^14 (the
+  16th draw of a small one).
   """
-  elements = max(math.prod(geometry.slice_shape), 2 ** 14)
+  elements = math.prod(geometry.slice_shape)
+  if type(geometry) is SliceGeometry:
+    if elements <= 2 ** 16:
+      return None
+  else:
+    elements = max(elements, 2 ** 14)
   return max(2, -(-2 ** 18 // elements))
 
 

@@ -183,28 +183,44 @@ def test_normal_values_do_not_depend_on_the_slice_size():
       assert_all_equal(lower_and_evaluate(build, mesh_shape, "a:all", mode, seed=3), expected)
 
 
-def test_eager_uniform_draws_use_tf_ops_until_drawn_often_and_equal_the_compiled_draws(monkeypatch):
-  """Compiling a configuration's XLA draw costs about 50 ms: an eager client drawing new shapes
-  once (GPT-Neo's tests) must not pay it, and the values may not depend on which path ran."""
+def test_eager_uniform_draws_by_numpy_equal_the_compiled_draws_and_only_large_slices_compile(
+    monkeypatch):
+  """Compiling a configuration's XLA draw costs about 50 ms, and TF's uint64 kernels about 30 ms
+  to start: an eager client drawing new shapes (GPT-Neo's tests) must pay neither, and the values
+  may not depend on which path ran (split slices, each dtype)."""
   from mesh_tensorflow._lowering import random_bits
   monkeypatch.setattr(random_bits, "_compiled", {})
   monkeypatch.setattr(random_bits, "_eager_draws", random_bits.collections.Counter())
-  geometry = random_bits.SliceGeometry((3, 7), (3, 7), (None, None))
-  assert random_bits._eager_draws_before_compiling(geometry) == 16  # small: 16 draws of TF's ops
-  assert random_bits._eager_draws_before_compiling(
-      random_bits.SliceGeometry((512, 256), (512, 256), (None, None))) == 2
-  key = random_bits.stream_key(11, [0])
-  for dtype, kwargs in [(tf.float32, {"minval": -2.0, "maxval": 3.0}),
+  key = random_bits.stream_key(11, [3, tf.constant(2, tf.int64)])
+  with tf2.Graph().as_default():  # the key of a graph, from TF's ops
+    graph_key = random_bits.stream_key(11, [3, tf.constant(2, tf.int64)])
+    with tf.Session() as session:
+      assert session.run(graph_key) == key.numpy()
+  small = random_bits.SliceGeometry((6, 7), (3, 7), ((1, 2), None))  # rows split in two
+  large = random_bits.SliceGeometry((512, 256), (512, 256), (None, None))
+  assert random_bits._eager_draws_before_compiling(small) is None
+  assert random_bits._eager_draws_before_compiling(large) == 2
+  for dtype, kwargs in [(tf.float32, {"minval": -2.0, "maxval": 3.0}), (tf.float64, {}),
                         (tf.int32, {"minval": -5, "maxval": 7}), (tf.bfloat16, {})]:
-    config = ("uniform", dtype, geometry.static_key)
-    by_tf_ops = [random_bits.draw("uniform", geometry, 0, key, dtype, **kwargs) for _ in range(15)]
-    assert config not in random_bits._compiled
-    compiled = random_bits.draw("uniform", geometry, 0, key, dtype, **kwargs)
-    assert config in random_bits._compiled
-    for value in by_tf_ops:
-      np.testing.assert_array_equal(value.numpy(), compiled.numpy())
-  random_bits.draw("normal", geometry, 0, key, tf.float32)  # normals: the XLA function at once
-  assert ("normal", tf.float32, geometry.static_key) in random_bits._compiled
+    by_numpy = {pnum: [random_bits.draw("uniform", small, pnum, key, dtype, **kwargs)
+                       for _ in range(20)] for pnum in (0, 1)}
+    assert ("uniform", dtype, small.static_key) not in random_bits._compiled
+    assert not np.array_equal(by_numpy[0][0].numpy(), by_numpy[1][0].numpy())  # their own rows
+    int_range = tf.constant([-5, 7] if dtype.is_integer else [0, 0], tf.int64)
+    for pnum, values in by_numpy.items():
+      compiled = random_bits._standard_compiled(
+          "uniform", dtype, small, tf.constant(pnum), key, int_range)
+      if not dtype.is_integer:
+        compiled = random_bits._affine(
+            tf.cast(compiled, dtype), *([-2.0, 5.0] if kwargs else [0, 1]), dtype)
+      for value in values:
+        np.testing.assert_array_equal(value.numpy(), compiled.numpy())
+  first = random_bits.draw("uniform", large, 0, key)
+  assert ("uniform", tf.float32, large.static_key) not in random_bits._compiled
+  np.testing.assert_array_equal(random_bits.draw("uniform", large, 0, key).numpy(), first.numpy())
+  assert ("uniform", tf.float32, large.static_key) in random_bits._compiled  # its second draw
+  random_bits.draw("normal", small, 0, key, tf.float32)  # normals: the XLA function at once
+  assert ("normal", tf.float32, small.static_key) in random_bits._compiled
 
 
 @pytest.mark.slow
