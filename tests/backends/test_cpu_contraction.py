@@ -28,16 +28,20 @@ def matrix_products(draw):
   return f"{x},{y}->{out}", [sizes[c] for c in x], [sizes[c] for c in y]
 
 
-@settings(max_examples=MAX_EXAMPLES, deadline=None)
-@given(matrix_products(), st.sampled_from(MODES))
-def test_blocked_product_matches_numpy_for_any_letter_order(case, mode):
+def _assert_product_matches_numpy(case, mode, column_blocks: bool) -> None:
   equation, x_shape, y_shape = case
   rng = np.random.RandomState(0)
   x = rng.uniform(-1, 1, x_shape).astype(np.float32)
   y = rng.uniform(-1, 1, y_shape).astype(np.float32)
   [got] = run_tf(mode, lambda: [cpu_contraction.einsum(equation, tf.constant(x), tf.constant(y),
-                                                       column_blocks=True)])
+                                                       column_blocks=column_blocks)])
   assert_allclose(got, np.einsum(equation, x, y), rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None)
+@given(matrix_products(), st.sampled_from(MODES))
+def test_blocked_product_matches_numpy_for_any_letter_order(case, mode):
+  _assert_product_matches_numpy(case, mode, column_blocks=True)
 
 
 def _op_types(equation, x_shape, y_shape) -> list:
@@ -70,13 +74,7 @@ def test_other_contractions_stay_one_einsum(equation, x_shape, y_shape):
 @settings(max_examples=MAX_EXAMPLES, deadline=None)
 @given(matrix_products(), st.sampled_from(MODES))
 def test_onednn_product_matches_numpy_for_any_letter_order(case, mode):
-  equation, x_shape, y_shape = case
-  rng = np.random.RandomState(0)
-  x = rng.uniform(-1, 1, x_shape).astype(np.float32)
-  y = rng.uniform(-1, 1, y_shape).astype(np.float32)
-  [got] = run_tf(mode, lambda: [cpu_contraction.einsum(equation, tf.constant(x), tf.constant(y),
-                                                       column_blocks=False)])
-  assert_allclose(got, np.einsum(equation, x, y), rtol=1e-4, atol=1e-4)
+  _assert_product_matches_numpy(case, mode, column_blocks=False)
 
 
 def _onednn_op_types(equation, x_shape, y_shape) -> list:
