@@ -25,10 +25,10 @@ setup(
         "test": ["pytest", "pytest-xdist", "hypothesis", "mock", "scipy", "ruff", "matplotlib"],
         # Tests of mesh_tensorflow.transformer.convert against Hugging Face's own T5 (they skip without).
         "hf": HF,
-        # The test of T5's own MtfModel.finetune on a converted model_dir (it skips without): what
-        # t5 0.9.4 and seqio 0.0.20 import. They and tensorflow-text go in with --no-deps, which an extra
-        # cannot say (t5 would pull the original mesh-tensorflow, tensorflow-text a second TensorFlow):
-        # scripts/run_tests.sh --all installs them.
+        # What t5 0.9.4 and seqio 0.0.20 import, to fine-tune with T5's own MtfModel. They and
+        # tensorflow-text go in with --no-deps, which an extra cannot say (t5 would pull the original
+        # mesh-tensorflow, tensorflow-text a second TensorFlow): docs/converting.md. The test suite
+        # keeps them out of .venv, in .t5deps/ (scripts/setup_t5.sh), since they bring jax.
         "t5": HF + ["clu", "flax", "jax", "pyglove", "tensorflow-datasets", "editdistance", "sacrebleu",
                     "scikit-learn", "rouge-score", "pandas", "babel", "immutabledict", "nltk", "tensorboard"],
         # The Transformer example's loss-curve picture (it runs without, saying so).

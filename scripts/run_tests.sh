@@ -4,10 +4,9 @@
 # end-to-end training: docs/testing.md) and draws 6 examples per property test. `--all` runs the
 # whole suite with 12 examples each, as CI does, and first installs what the optional tests need:
 # the original mesh-tensorflow 0.1.21 for the differential tests (scripts/setup_original.sh), the
-# `hf` extra for the Hugging Face converter tests; each says so and its tests skip if it cannot be
-# installed. The `t5` extra (T5's MtfModel test) is not installed here: it brings jax, which every
-# TensorFlow import then loads (tensorflow.lite does), and which sets TF_CPP_MIN_LOG_LEVEL for every
-# process the tests start. Install it by hand (docs/testing.md). Other arguments go to pytest.
+# `hf` extra for the Hugging Face converter tests, and T5 with seqio in .t5deps/ for the test of
+# T5's own MtfModel (scripts/setup_t5.sh: apart from .venv, since T5 brings jax); each says so and
+# its tests skip if it cannot be installed. Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -20,7 +19,10 @@ if [ "${1:-}" = "--all" ]; then
   original=$((SECONDS - started))
   started=$SECONDS
   .venv/bin/python -m pip install -qq -e '.[hf]' || echo "run_tests.sh: the hf extra could not be installed: its tests skip"
-  echo "run_tests.sh: installed the original in $original s and the hf extra in $((SECONDS - started)) s"
+  hf=$((SECONDS - started))
+  started=$SECONDS
+  bash scripts/setup_t5.sh || echo "run_tests.sh: t5 could not be installed in .t5deps/: its test skips"
+  echo "run_tests.sh: installed the original in $original s, the hf extra in $hf s and t5 in $((SECONDS - started)) s"
 else
   selection=(-m "not slow")
   what="the tests not marked slow"
