@@ -135,22 +135,38 @@ class SliceGeometry:
   def static_key(self) -> tuple:
     return self.full_shape, self.slice_shape, self.split_axes
 
-  def global_indices(self, pnum):
-    """uint64 tensor of the slice's shape: each element's index in the flattened whole tensor."""
-    pnum = tf.cast(pnum, tf.int64)
-    ret = tf.zeros([], _U64)
-    stride = 1
+  def _axis_positions(self, pnum, arange):
+    """Per tensor dimension, last first: (positions, stride, shape). positions are the slice's
+    elements' indices along that dimension of the whole tensor (built by arange(n), 0..n-1, in
+    TF or NumPy), stride that dimension's stride in the flattened whole, shape the broadcast shape."""
     rank = len(self.full_shape)
+    stride = 1
     for d in reversed(range(rank)):
-      positions = tf.range(self.slice_shape[d], dtype=tf.int64)
+      positions = arange(self.slice_shape[d])
       if self.split_axes[d] is not None:
         divisor, size = self.split_axes[d]
         positions += (pnum // divisor) % size * self.slice_shape[d]
       shape = [1] * rank
       shape[d] = self.slice_shape[d]
-      ret = ret + tf.reshape(tf.cast(positions, _U64) * tf.constant(stride, _U64), shape)
+      yield positions, stride, shape
       stride *= self.full_shape[d]
+
+  def global_indices(self, pnum):
+    """uint64 tensor of the slice's shape: each element's index in the flattened whole tensor."""
+    ret = tf.zeros([], _U64)
+    arange = functools.partial(tf.range, dtype=tf.int64)
+    for positions, stride, shape in self._axis_positions(tf.cast(pnum, tf.int64), arange):
+      ret = ret + tf.reshape(tf.cast(positions, _U64) * tf.constant(stride, _U64), shape)
     return ret
+
+  def global_indices_numpy(self, pnum: int) -> np.ndarray:
+    """global_indices computed by NumPy, for eager draws."""
+    index = np.zeros([1] * len(self.full_shape), np.uint64)
+    arange = functools.partial(np.arange, dtype=np.int64)
+    with np.errstate(over="ignore"):
+      for positions, stride, shape in self._axis_positions(int(pnum), arange):
+        index = index + (positions.astype(np.uint64) * np.uint64(stride)).reshape(shape)
+    return index
 
 
   def element_keys(self, pnum, key):
@@ -257,18 +273,8 @@ def _uniform_numpy(dtype, geometry: SliceGeometry, pnum, key, bounds) -> np.ndar
 
   bounds: (minval, maxval) of an integer draw, else None.
   """
-  pnum, rank = int(pnum), len(geometry.full_shape)
+  index = geometry.global_indices_numpy(pnum)
   with np.errstate(over="ignore"):
-    index, stride = np.zeros([1] * rank, np.uint64), 1
-    for d in reversed(range(rank)):
-      positions = np.arange(geometry.slice_shape[d], dtype=np.int64)
-      if geometry.split_axes[d] is not None:
-        divisor, size = geometry.split_axes[d]
-        positions += (pnum // divisor) % size * geometry.slice_shape[d]
-      shape = [1] * rank
-      shape[d] = geometry.slice_shape[d]
-      index = index + (positions.astype(np.uint64) * np.uint64(stride)).reshape(shape)
-      stride *= geometry.full_shape[d]
     gamma = np.uint64(GOLDEN_GAMMA)
     bits = _mix64_numpy(np.uint64(key.numpy()) + (index + np.uint64(1)) * gamma)
     if dtype.is_integer:
