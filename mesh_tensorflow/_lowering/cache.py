@@ -279,16 +279,15 @@ class _Walk:
     except (_Unkeyable, TypeError):  # TypeError: an unhashable value
       self.key = None
 
-  def _all_ops(self, ops):
+  @staticmethod
+  def _all_ops(ops):
     for op in ops:
       yield op
-      yield from self._all_ops(op.nested_operations())
+      yield from op.nested_operations()  # itself recursive
 
   def _number(self, obj) -> int:
-    number = self._numbers.get(id(obj))
-    if number is None:
-      number = self._numbers[id(obj)] = len(self._numbers)
-    return number
+    numbers = self._numbers
+    return numbers.setdefault(id(obj), len(numbers))
 
   def _impl(self, mesh, impl) -> tuple:
     config = tuple((name, self._value(value, 0)) for name, value in sorted(vars(impl).items())
@@ -296,22 +295,27 @@ class _Walk:
     return ("mesh", self._number(mesh), type(impl), config)
 
   def _op(self, op) -> tuple:
-    fed = getattr(type(op), "lowering_cache_inputs", ())
-    ignored = getattr(type(op), "lowering_cache_ignores", ())
-    parts = [type(op), self._number(op)]
+    cls = type(op)
+    fed, skipped = _op_class_attributes(cls)
+    parts = [cls, self._number(op)]
+    tensor, value_key = self._tensor, self._value
     for name, value in vars(op).items():
-      if name in ignored or name in _NOT_STRUCTURE:
+      if name in skipped:
         continue
-      if name in fed and isinstance(value, tf.Tensor):
+      if type(value) is list and (name == "_inputs" or name == "_outputs"):  # the commonest: tensors
+        parts.append((name, (list,) + tuple(tensor(v) if type(v) is Tensor else value_key(v, 1)
+                                            for v in value)))
+      elif name in fed and isinstance(value, tf.Tensor):
         self.inputs.append((op, name))
         parts.append((name, "input", tuple(value.shape.as_list()), value.dtype.name))
       else:
-        parts.append((name, self._value(value, 0)))
+        parts.append((name, value_key(value, 0)))
     return tuple(parts)
 
   def _tensor(self, t: Tensor) -> tuple:
     """Its number, shape and dtype, in types Python hashes and compares without calling back."""
-    return ("tensor", self._number(t), tuple(t.shape.dims), t.dtype.name)
+    numbers = self._numbers
+    return ("tensor", numbers.setdefault(id(t), len(numbers)), tuple(t._shape._dims), t._dtype.name)
 
   def _value(self, value, depth: int):  # noqa: C901 (one case per kind of attribute)
     """A hashable stand-in for an attribute value: equal stand-ins lower alike.
@@ -372,6 +376,14 @@ class _Walk:
     if hasattr(value, "__dict__") and cls.__module__.startswith("mesh_tensorflow."):
       return (cls,) + tuple((k, self._value(v, depth + 1)) for k, v in vars(value).items())
     return _Same(value)
+
+
+@functools.cache
+def _op_class_attributes(cls) -> tuple:
+  """(fed, skipped) attribute names of an op class: the TF tensors fed to its program, and those
+  left out of the key (its own lowering_cache_ignores and _NOT_STRUCTURE)."""
+  return (frozenset(getattr(cls, "lowering_cache_inputs", ())),
+          frozenset(getattr(cls, "lowering_cache_ignores", ())) | _NOT_STRUCTURE)
 
 
 class _Key:
