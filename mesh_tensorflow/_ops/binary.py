@@ -38,7 +38,7 @@ __all__ = [
 def _check_scalar(op_name: str, x: Tensor, scalar) -> None:
   """`scalar` must be 0-d and representable in x's dtype (TF would refuse otherwise).
 
-  Python and NumPy numbers skip tf.is_tensor: its protocol check costs 0.15 ms a call.
+  Python and NumPy numbers skip tf.is_tensor: its protocol check costs about 22 us a call.
   """
   if not isinstance(scalar, (numbers.Number, np.generic, np.ndarray)) and tf.is_tensor(scalar):
     if scalar.shape.ndims not in (None, 0):
